@@ -1,0 +1,113 @@
+"""The ``dataprep`` command line: thin wrappers that parse flags and call the library."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import typer
+
+from bloomline.common.errors import UserError, exit_on_user_error
+
+app = typer.Typer(
+    help="bloomline dataprep: raw corpora to Megatron-compatible token files.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+@app.command("demo-corpus")
+def demo_corpus(
+    out_dir: str = typer.Argument(..., help="Folder for NAME.jsonl.zst."),
+    size_mb: float = typer.Option(3.0, help="MB of text to write (1 MB = 1e6 bytes)."),
+    name: str = typer.Option("stdlib_docs", help="File stem of the output."),
+    overwrite: bool = typer.Option(False, help="Replace an existing output."),
+) -> None:
+    """Write a deterministic corpus of real text (Python stdlib docstrings and comments)."""
+    from bloomline.dataprep.demo_corpus import write_demo_corpus
+
+    try:
+        summary = write_demo_corpus(out_dir, size_mb=size_mb, name=name, overwrite=overwrite)
+    except (FileExistsError, ValueError) as err:
+        raise UserError(str(err)) from None
+    typer.echo(f"wrote {summary.path}: {summary.num_documents:,} documents, "
+               f"{summary.num_text_bytes / 1e6:.2f} MB of text")
+
+
+@app.command("train-tokenizer")
+def train_tokenizer(
+    inputs: list[str] = typer.Argument(..., help="Files, globs or folders of raw text."),
+    vocab_size: int = typer.Option(..., help="Number of pieces, special tokens included."),
+    output: str = typer.Option(..., help="Output prefix DIR/NAME: writes NAME.model/.vocab."),
+    model_type: str = typer.Option("bpe", help="bpe or unigram."),
+    json_key: list[str] = typer.Option(["text"], help="JSON field(s) holding the text."),
+    max_sentences: int = typer.Option(
+        1_000_000, help="Lines sampled (uniformly) for training; bounds memory."),
+    txt_per_line: bool = typer.Option(False, help="Each line of a .txt file is a document."),
+    skip_bad_lines: bool = typer.Option(False, help="Count and skip bad lines."),
+    seed: int = typer.Option(0, help="Seed of the line sample."),
+    overwrite: bool = typer.Option(False, help="Replace an existing model."),
+) -> None:
+    """Train a SentencePiece model (byte fallback, EOD and PAD special tokens)."""
+    from bloomline.dataprep.tokenizer import train_tokenizer as train
+
+    path = train(inputs, output, vocab_size, model_type=model_type, keys=tuple(json_key),
+                 max_sentences=max_sentences, txt_per_line=txt_per_line,
+                 skip_bad_lines=skip_bad_lines, seed=seed, overwrite=overwrite)
+    typer.echo(f"wrote {path}")
+
+
+@app.command("tokenize")
+def tokenize(
+    inputs: list[str] = typer.Argument(
+        ..., help="Files, globs or folders: .jsonl/.json(.zst/.gz), .parquet, .txt, "
+        "save_to_disk dataset folders."),
+    tokenizer: str = typer.Option(..., help="SentencePiece .model file."),
+    output: str = typer.Option(..., help="Output prefix corpus/NAME."),
+    json_key: list[str] = typer.Option(
+        ["text"], help="JSON field (or column) to tokenize; repeat for one output per key "
+        "(NAME_KEY)."),
+    workers: int = typer.Option(
+        os.cpu_count() or 1, help="Tokenizer processes (default: one per core)."),
+    append_eod: bool = typer.Option(True, help="Append the EOD token to each document."),
+    overwrite: bool = typer.Option(False, help="Replace existing outputs."),
+    skip_bad_lines: bool = typer.Option(
+        False, help="Count and skip bad lines instead of stopping at the first."),
+    txt_per_line: bool = typer.Option(False, help="Each line of a .txt file is a document."),
+    chunk_mb: float = typer.Option(8.0, help="Input MB per unit of work."),
+    quiet: bool = typer.Option(False, help="No progress line."),
+) -> None:
+    """Tokenize corpora into Megatron-compatible NAME.bin/NAME.idx."""
+    from bloomline.dataprep.pipeline import tokenize_corpus
+
+    summary = tokenize_corpus(
+        inputs, tokenizer, output, keys=json_key, workers=workers, append_eod=append_eod,
+        overwrite=overwrite, skip_bad_lines=skip_bad_lines, txt_per_line=txt_per_line,
+        chunk_bytes=max(1, int(chunk_mb * (1 << 20))), show_progress=not quiet)
+    for message in summary.skipped_messages:
+        typer.echo(f"skipped: {message}", err=True)
+    typer.echo(summary.format())
+
+
+@app.command("merge")
+def merge(
+    prefixes: list[str] = typer.Argument(..., help="Input prefixes, in output order."),
+    output: str = typer.Option(..., help="Output prefix corpus/NAME."),
+    overwrite: bool = typer.Option(False, help="Replace an existing output."),
+) -> None:
+    """Concatenate token files (same dtype) into one .bin/.idx pair."""
+    from bloomline.dataprep.indexed_dataset import merge_indexed_datasets
+
+    merged = merge_indexed_datasets(prefixes, output, overwrite=overwrite)
+    typer.echo(f"wrote {output}.bin/.idx: {merged.num_documents:,} documents, "
+               f"{merged.num_tokens:,} tokens")
+
+
+def main() -> None:
+    """Console entry point: user errors become one line on stderr and exit code 1."""
+    exit_on_user_error(lambda: app(prog_name="dataprep"))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,247 @@
+"""``dataprep tokenize``: raw corpora to ``.bin``/``.idx`` token files on every core.
+
+Mental model::
+
+    main process:   inputs -> chunks (numbered, in input order) --submit--> worker pool
+    worker i:       chunk -> documents -> SentencePiece -> its own shard (a small .bin/.idx)
+    main process:   shards appended to the output in chunk order as soon as they are ready
+
+No single process writes every token through Python: each worker writes its shards, and the
+main process only splices finished shards into the output with in-kernel copies while the
+workers go on. The output is the concatenation of chunks in input order, so its bytes do not
+depend on the number of workers. At most ``2 * workers`` chunks are in flight, so memory is
+bounded however big the corpus is, and no per-document Python list outlives its chunk.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import signal
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass, field
+from itertools import chain
+from pathlib import Path
+
+import numpy as np
+
+from bloomline.common.atomic import atomic_output_dir, check_can_write
+from bloomline.common.errors import UserError
+from bloomline.common.progress import Counter, Progress
+from bloomline.dataprep.documents import extract_documents
+from bloomline.dataprep.indexed_dataset import IndexedDatasetWriter
+from bloomline.dataprep.sources import DEFAULT_CHUNK_BYTES, Chunk, expand_inputs, iter_chunks
+from bloomline.dataprep.tokenizer import Tokenizer
+
+__all__ = ["TokenizeSummary", "output_prefixes", "tokenize_corpus"]
+
+
+@dataclass
+class _ChunkResult:
+    index: int
+    shards: dict[str, str]
+    num_documents: int
+    num_tokens: dict[str, int]
+    num_empty: dict[str, int]
+    num_skipped: int
+    skipped_messages: list[str]
+    text_bytes: int
+    source_bytes: int
+
+
+@dataclass
+class TokenizeSummary:
+    """What a tokenize run wrote. Counts are per key where keys differ."""
+
+    outputs: dict[str, str]
+    num_documents: int = 0
+    num_tokens: dict[str, int] = field(default_factory=dict)
+    num_empty: dict[str, int] = field(default_factory=dict)
+    num_skipped: int = 0
+    skipped_messages: list[str] = field(default_factory=list)
+    text_bytes: int = 0
+    seconds: float = 0.0
+
+    def add(self, result: _ChunkResult) -> None:
+        self.num_documents += result.num_documents
+        self.num_skipped += result.num_skipped
+        self.text_bytes += result.text_bytes
+        room = 10 - len(self.skipped_messages)
+        self.skipped_messages.extend(result.skipped_messages[: max(room, 0)])
+        for key in self.outputs:
+            self.num_tokens[key] = self.num_tokens.get(key, 0) + result.num_tokens[key]
+            self.num_empty[key] = self.num_empty.get(key, 0) + result.num_empty[key]
+
+    def format(self) -> str:
+        """A human summary, one line per output plus the totals."""
+        secs = max(self.seconds, 1e-9)
+        lines = []
+        for key, prefix in self.outputs.items():
+            lines.append(f"wrote {prefix}.bin/.idx: {self.num_documents:,} documents, "
+                         f"{self.num_tokens.get(key, 0):,} tokens, "
+                         f"{self.num_empty.get(key, 0):,} empty documents")
+        total_tokens = sum(self.num_tokens.values())
+        lines.append(
+            f"{self.num_skipped:,} skipped lines | {self.seconds:.1f} s | "
+            f"{self.num_documents / secs:,.0f} docs/s | {self.text_bytes / secs / 1e6:.2f} MB/s | "
+            f"{total_tokens / secs:,.0f} tokens/s")
+        return "\n".join(lines)
+
+
+def output_prefixes(output: str, keys: list[str]) -> dict[str, str]:
+    """``corpus/NAME`` for one key; ``corpus/NAME_KEY`` for each of several keys."""
+    if len(keys) == 1:
+        return {keys[0]: output}
+    return {key: f"{output}_{key}" for key in keys}
+
+
+# Per-process state of a worker: the tokenizer is loaded once, not once per chunk.
+_state: dict = {}
+
+
+def _init_worker(model_path: str, keys: list[str], append_eod: bool, skip_bad_lines: bool,
+                 scratch: str, ignore_sigint: bool) -> None:
+    if ignore_sigint:
+        # Ctrl-C is the main process's to handle: it cancels the queue and cleans up; workers
+        # finish their chunk instead of each printing a traceback.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _state.update(tokenizer=Tokenizer(model_path), keys=keys, append_eod=append_eod,
+                  skip_bad_lines=skip_bad_lines, scratch=Path(scratch))
+
+
+def encode_documents(tokenizer: Tokenizer, texts: list[str], append_eod: bool
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """(concatenated tokens, per-document lengths) of ``texts``.
+
+    EOD is appended only to non-empty documents, as Megatron's preprocessing does: an empty
+    document stays empty and later repeats its boundary in the index.
+    """
+    ids = tokenizer.encode_batch(texts)
+    if append_eod:
+        eod = tokenizer.eod_id
+        for doc in ids:
+            if doc:
+                doc.append(eod)
+    lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+    tokens = np.fromiter(chain.from_iterable(ids), dtype=tokenizer.token_dtype,
+                         count=int(lengths.sum()))
+    return tokens, lengths
+
+
+def _tokenize_chunk(chunk: Chunk) -> _ChunkResult:
+    tokenizer: Tokenizer = _state["tokenizer"]
+    keys: list[str] = _state["keys"]
+    docs = extract_documents(chunk, keys, _state["skip_bad_lines"])
+    shards, num_tokens, num_empty = {}, {}, {}
+    for key in keys:
+        tokens, lengths = encode_documents(tokenizer, docs.texts[key], _state["append_eod"])
+        shard = str(_state["scratch"] / f"chunk{chunk.index:08d}_{key}")
+        with IndexedDatasetWriter(shard, tokenizer.token_dtype) as writer:
+            writer.add_documents(tokens, lengths)
+        shards[key] = shard
+        num_tokens[key] = len(tokens)
+        num_empty[key] = int((lengths == 0).sum())
+    return _ChunkResult(chunk.index, shards, docs.num_documents, num_tokens, num_empty,
+                        docs.num_skipped, docs.skipped_messages, docs.text_bytes,
+                        chunk.source_bytes)
+
+
+def _results_in_flight(chunks, workers: int, init_args: tuple):
+    """Yield chunk results as workers finish them, keeping at most 2 * workers queued."""
+    if workers == 1:
+        _init_worker(*init_args, ignore_sigint=False)
+        for chunk in chunks:
+            yield _tokenize_chunk(chunk)
+        return
+    # spawn, not fork: the parent may hold threads (zstd, arrow) that fork would copy locked.
+    context = multiprocessing.get_context("spawn")
+    pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker,
+                               initargs=(*init_args, True))
+    pending: set[Future] = set()
+    try:
+        chunk_iter = iter(chunks)
+        exhausted = False
+        while True:
+            while not exhausted and len(pending) < 2 * workers:
+                chunk = next(chunk_iter, None)
+                if chunk is None:
+                    exhausted = True
+                else:
+                    pending.add(pool.submit(_tokenize_chunk, chunk))
+            if not pending:
+                return
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for future in done:
+                yield future.result()  # re-raises a worker's BadInputError here
+    finally:
+        # On error or Ctrl-C: drop queued chunks, let running ones finish, then the caller
+        # removes the scratch folder (no worker is left writing into it).
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def tokenize_corpus(
+    inputs: list[str],
+    tokenizer_path: str,
+    output: str,
+    keys: list[str] | tuple[str, ...] = ("text",),
+    workers: int = 1,
+    append_eod: bool = True,
+    overwrite: bool = False,
+    skip_bad_lines: bool = False,
+    txt_per_line: bool = False,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    show_progress: bool = True,
+) -> TokenizeSummary:
+    """Tokenize ``inputs`` into ``output.bin/.idx`` (or ``output_KEY`` per key).
+
+    Raises:
+        UserError: for bad input (named by file and line), a bad tokenizer model, or outputs
+            that exist without ``overwrite``. Nothing is left under the output names then.
+    """
+    keys = list(keys)
+    if not keys or len(set(keys)) != len(keys):
+        raise UserError(f"--json-key {keys}: give one or more distinct keys")
+    if workers < 1:
+        raise UserError(f"--workers {workers}: must be at least 1")
+    outputs = output_prefixes(output, keys)
+    check_can_write([f"{p}{s}" for p in outputs.values() for s in (".bin", ".idx")], overwrite)
+    sources = expand_inputs(inputs)
+    tokenizer = Tokenizer(tokenizer_path)
+    summary = TokenizeSummary(outputs)
+    progress = Progress(
+        "tokenize",
+        [Counter("docs", "docs"), Counter("text_bytes", "MB", 1e6), Counter("tokens", "tokens")],
+        total=sum(s.size for s in sources) or None, total_key="source_bytes",
+        enabled=show_progress)
+    out_dir = Path(output).parent
+    with atomic_output_dir(out_dir, Path(output).name) as scratch:
+        writers = {key: IndexedDatasetWriter(prefix, tokenizer.token_dtype, overwrite=overwrite)
+                   for key, prefix in outputs.items()}
+        try:
+            chunks = iter_chunks(sources, chunk_bytes, txt_per_line)
+            init_args = (tokenizer.model_path, keys, append_eod, skip_bad_lines, str(scratch))
+            ready: dict[int, _ChunkResult] = {}
+            next_index = 0
+            for result in _results_in_flight(chunks, workers, init_args):
+                ready[result.index] = result
+                # Splice finished shards into the outputs in chunk order, while workers go on.
+                while next_index in ready:
+                    done = ready.pop(next_index)
+                    for key, writer in writers.items():
+                        writer.add_index(done.shards[key])
+                        for suffix in (".bin", ".idx"):
+                            Path(done.shards[key] + suffix).unlink()
+                    summary.add(done)
+                    progress.update(docs=done.num_documents, text_bytes=done.text_bytes,
+                                    tokens=sum(done.num_tokens.values()),
+                                    source_bytes=done.source_bytes)
+                    next_index += 1
+            for writer in writers.values():
+                writer.finalize()
+        except BaseException:
+            for writer in writers.values():
+                writer.abort()
+            raise
+    progress.close()
+    summary.seconds = progress.elapsed
+    return summary

@@ -1,0 +1,274 @@
+"""Input discovery and chunking: turn INPUT arguments into an ordered stream of work chunks.
+
+A *source* is one input file or Hugging Face dataset folder, with its format. A *chunk* is a
+slice of a source small enough to tokenize in seconds: whole lines of a JSON-lines or text file
+(carried as raw bytes, decompressed here for ``.zst``/``.gz``), row groups of a Parquet file,
+a row range of a ``save_to_disk`` folder, or a group of one-document text files. Chunks are
+numbered in input order; the tokenized output is the concatenation of chunks in that order,
+so it does not depend on how many workers tokenized them.
+
+Line-based chunks are cut here (a sequential scan, far faster than tokenizing) so that
+one big compressed file still feeds every worker, and so that every chunk knows the line
+number of its first line for error messages.
+"""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bloomline.common.errors import UserError
+
+__all__ = ["Chunk", "Source", "expand_inputs", "iter_chunks", "SUPPORTED_SUFFIXES"]
+
+# Longest suffix first so that ".jsonl.zst" is not read as ".zst".
+_FORMATS = {
+    ".jsonl.zst": ("jsonl", "zst"),
+    ".json.zst": ("jsonl", "zst"),
+    ".jsonl.gz": ("jsonl", "gz"),
+    ".json.gz": ("jsonl", "gz"),
+    ".jsonl": ("jsonl", None),
+    ".json": ("jsonl", None),  # as in Megatron's preprocess_data.py: one object per line
+    ".parquet": ("parquet", None),
+    ".txt": ("txt", None),
+}
+SUPPORTED_SUFFIXES = tuple(_FORMATS)
+DEFAULT_CHUNK_BYTES = 8 << 20
+
+
+@dataclass(frozen=True)
+class Source:
+    """One input: a file with a known format, or a ``save_to_disk`` dataset folder."""
+
+    path: str
+    format: str  # "jsonl" | "txt" | "parquet" | "hf"
+    compression: str | None = None
+    size: int = 0  # bytes on disk, for progress and ETA
+
+
+@dataclass
+class Chunk:
+    """A unit of tokenizing work; ``index`` is its place in the output.
+
+    Attributes:
+        kind: "lines" (``payload`` holds whole JSON or text lines), "parquet" (row groups
+            ``groups`` of ``source.path``), "hf" (rows ``start:stop`` of a dataset folder) or
+            "files" (``files``, one document each).
+        first_line: 1-based line number of the first line of ``payload``.
+        source_bytes: this chunk's share of the on-disk input, for progress and ETA.
+    """
+
+    index: int
+    source: Source
+    kind: str
+    payload: bytes = b""
+    first_line: int = 1
+    groups: tuple[int, ...] = ()
+    start: int = 0
+    stop: int = 0
+    files: tuple[str, ...] = field(default_factory=tuple)
+    source_bytes: int = 0
+
+
+def _format_of(path: str) -> tuple[str, str | None] | None:
+    name = path.lower()
+    for suffix, fmt in _FORMATS.items():
+        if name.endswith(suffix):
+            return fmt
+    return None
+
+
+def _is_hf_dataset_dir(path: Path) -> bool:
+    return (path / "state.json").is_file() and (path / "dataset_info.json").is_file()
+
+
+def _source_for_dir(path: Path) -> list[Source]:
+    if _is_hf_dataset_dir(path):
+        size = sum(p.stat().st_size for p in path.glob("*.arrow"))
+        return [Source(str(path), "hf", size=size)]
+    if (path / "dataset_dict.json").is_file():
+        splits = sorted(p.name for p in path.iterdir() if _is_hf_dataset_dir(p))
+        raise UserError(f"{path}: a Hugging Face DatasetDict; pass one split folder instead, "
+                        f"e.g. {path / splits[0]}" if splits else f"{path}: empty DatasetDict")
+    found: list[Source] = []
+    for root, dirs, files in os.walk(path):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        root_path = Path(root)
+        if root_path != path and _is_hf_dataset_dir(root_path):
+            dirs[:] = []
+            found.extend(_source_for_dir(root_path))
+            continue
+        for name in sorted(files):
+            if name.startswith("."):
+                continue
+            fmt = _format_of(name)
+            if fmt is not None:
+                full = root_path / name
+                found.append(Source(str(full), fmt[0], fmt[1], full.stat().st_size))
+    if not found:
+        raise UserError(f"{path}: directory holds no supported input "
+                        f"({', '.join(SUPPORTED_SUFFIXES)} or a save_to_disk dataset)")
+    return found
+
+
+def _source_for_path(path: str) -> list[Source]:
+    p = Path(path)
+    if p.is_dir():
+        return _source_for_dir(p)
+    fmt = _format_of(path)
+    if fmt is None:
+        raise UserError(f"{path}: unsupported input type; expected one of "
+                        f"{', '.join(SUPPORTED_SUFFIXES)}, a directory or a save_to_disk folder")
+    if not os.access(path, os.R_OK):
+        raise UserError(f"{path}: not readable")
+    return [Source(path, fmt[0], fmt[1], p.stat().st_size)]
+
+
+def expand_inputs(inputs: list[str]) -> list[Source]:
+    """Resolve files, globs and directories, in argument order (globs and folders sorted).
+
+    Raises:
+        UserError: for a path that does not exist, a glob or folder that matches nothing, or
+            an unsupported file type.
+    """
+    if not inputs:
+        raise UserError("no INPUT given")
+    sources: list[Source] = []
+    for arg in inputs:
+        if glob.has_magic(arg):
+            matches = sorted(glob.glob(arg, recursive=True))
+            if not matches:
+                raise UserError(f"{arg}: glob matches no file")
+            for match in matches:
+                sources.extend(_source_for_path(match))
+        elif os.path.exists(arg):
+            sources.extend(_source_for_path(arg))
+        else:
+            raise UserError(f"{arg}: no such file or directory")
+    return sources
+
+
+def _open_binary(source: Source):
+    """(decompressed stream, raw file): the raw file's position tracks on-disk progress."""
+    raw = open(source.path, "rb")  # noqa: SIM115 - closed by the caller through the pair
+    if source.compression == "zst":
+        import zstandard
+
+        # read_across_frames: files made by concatenating .zst files (as `cat` and many
+        # corpus tools do) hold several frames; all of them are the file's content.
+        return zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True), raw
+    if source.compression == "gz":
+        return gzip.GzipFile(fileobj=raw, mode="rb"), raw
+    return raw, raw
+
+
+def _line_chunks(source: Source, chunk_bytes: int, next_index: int) -> Iterator[Chunk]:
+    stream, raw = _open_binary(source)
+    try:
+        carry = b""
+        line_no = 1
+        consumed = 0
+        while True:
+            try:
+                block = stream.read(chunk_bytes)
+            except (OSError, EOFError, ValueError) as err:  # corrupt .gz/.zst
+                raise UserError(f"{source.path}: cannot decompress ({err})") from None
+            if block:
+                data = carry + block
+                cut = data.rfind(b"\n") + 1
+                if cut == 0:  # one line longer than a chunk: keep reading
+                    carry = data
+                    continue
+                payload, carry = data[:cut], data[cut:]
+            else:
+                payload, carry = carry, b""
+            if not payload:
+                return
+            position = raw.tell()
+            yield Chunk(next_index, source, "lines", payload=payload, first_line=line_no,
+                        source_bytes=position - consumed)
+            consumed = position
+            next_index += 1
+            line_no += payload.count(b"\n")
+    finally:
+        stream.close()
+        raw.close()
+
+
+def _parquet_chunks(source: Source, chunk_bytes: int, next_index: int) -> Iterator[Chunk]:
+    import pyarrow.parquet as pq
+
+    try:
+        meta = pq.ParquetFile(source.path).metadata
+    except Exception as err:  # pyarrow raises several types for a bad file
+        raise UserError(f"{source.path}: not a readable Parquet file ({err})") from None
+    groups: list[int] = []
+    text_bytes = disk_bytes = 0
+    for g in range(meta.num_row_groups):
+        rg = meta.row_group(g)
+        groups.append(g)
+        text_bytes += rg.total_byte_size
+        disk_bytes += sum(rg.column(c).total_compressed_size for c in range(rg.num_columns))
+        if text_bytes >= chunk_bytes or g == meta.num_row_groups - 1:
+            yield Chunk(next_index, source, "parquet", groups=tuple(groups),
+                        source_bytes=disk_bytes)
+            next_index += 1
+            groups, text_bytes, disk_bytes = [], 0, 0
+
+
+def _hf_chunks(source: Source, chunk_bytes: int, next_index: int) -> Iterator[Chunk]:
+    from bloomline.dataprep.documents import load_hf_dataset
+
+    dataset = load_hf_dataset(source.path)
+    num_rows = len(dataset)
+    if num_rows == 0:
+        return
+    bytes_per_row = max(1, source.size // num_rows)
+    rows_per_chunk = max(1, chunk_bytes // bytes_per_row)
+    for start in range(0, num_rows, rows_per_chunk):
+        stop = min(num_rows, start + rows_per_chunk)
+        yield Chunk(next_index, source, "hf", start=start, stop=stop,
+                    source_bytes=(stop - start) * bytes_per_row)
+        next_index += 1
+
+
+def iter_chunks(sources: list[Source], chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                txt_per_line: bool = False) -> Iterator[Chunk]:
+    """Chunks of all sources, numbered 0, 1, ... in input order.
+
+    ``.txt`` files are one document each, grouped into chunks of about ``chunk_bytes``; with
+    ``txt_per_line`` every line of a ``.txt`` file is a document instead.
+    """
+    index = 0
+    pending_files: list[Source] = []
+
+    def flush_files() -> Iterator[Chunk]:
+        nonlocal index, pending_files
+        if pending_files:
+            yield Chunk(index, pending_files[0], "files",
+                        files=tuple(s.path for s in pending_files),
+                        source_bytes=sum(s.size for s in pending_files))
+            index += 1
+            pending_files = []
+
+    for source in sources:
+        if source.format == "txt" and not txt_per_line:
+            pending_files.append(source)
+            if sum(s.size for s in pending_files) >= chunk_bytes:
+                yield from flush_files()
+            continue
+        yield from flush_files()
+        if source.format in ("jsonl", "txt"):
+            make = _line_chunks
+        elif source.format == "parquet":
+            make = _parquet_chunks
+        else:
+            make = _hf_chunks
+        for chunk in make(source, chunk_bytes, index):
+            index = chunk.index + 1
+            yield chunk
+    yield from flush_files()
