@@ -16,7 +16,8 @@ UNICODE_TEXTS = [
     "Привет, мир! Съешь же ещё этих мягких французских булок.",
     "東京は日本の首都です。我们在学习中文。한국어도 있습니다.",
     "Emoji: 👩‍💻 👍🏽 🇺🇸 and 🧑‍🤝‍🧑 in a sentence.",
-    "Combining: e\u0301 a\u0300 o\u0302\u0323 Tiê\u0301ng Viê\u0323t, Z\u0336a\u0336l\u0336g\u0336o.",
+    "Combining: e\u0301 a\u0300 o\u0302\u0323 Tiê\u0301ng Viê\u0323t, "
+    "Z\u0336a\u0336l\u0336g\u0336o.",
     "Mixed RTL: שלום עולם and مرحبا بالعالم, tabs\tand  double  spaces.",
 ]
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import zstandard
+
 from bloomline.dataprep import demo_corpus
 from bloomline.dataprep.demo_corpus import DemoCorpusSummary, write_demo_corpus
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import multiprocessing
 import signal
-import time
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from itertools import chain

@@ -17,9 +17,12 @@ from __future__ import annotations
 import glob
 import gzip
 import os
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import zstandard
 
 from bloomline.common.errors import UserError
 
@@ -38,6 +41,7 @@ _FORMATS = {
 }
 SUPPORTED_SUFFIXES = tuple(_FORMATS)
 DEFAULT_CHUNK_BYTES = 8 << 20
+_DECOMPRESS_ERRORS = (OSError, EOFError, ValueError, zlib.error, zstandard.ZstdError)
 
 
 @dataclass(frozen=True)
@@ -156,8 +160,6 @@ def _open_binary(source: Source):
     """(decompressed stream, raw file): the raw file's position tracks on-disk progress."""
     raw = open(source.path, "rb")  # noqa: SIM115 - closed by the caller through the pair
     if source.compression == "zst":
-        import zstandard
-
         # read_across_frames: files made by concatenating .zst files (as `cat` and many
         # corpus tools do) hold several frames; all of them are the file's content.
         return zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True), raw
@@ -175,7 +177,7 @@ def _line_chunks(source: Source, chunk_bytes: int, next_index: int) -> Iterator[
         while True:
             try:
                 block = stream.read(chunk_bytes)
-            except (OSError, EOFError, ValueError) as err:  # corrupt .gz/.zst
+            except _DECOMPRESS_ERRORS as err:  # corrupt .gz/.zst
                 raise UserError(f"{source.path}: cannot decompress ({err})") from None
             if block:
                 data = carry + block

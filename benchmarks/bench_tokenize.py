@@ -1,0 +1,257 @@
+"""Throughput of ``dataprep tokenize`` against the tokenizer's own limit and a naive loop.
+
+On a generated jsonl corpus (default ~200 MB, built deterministically from stdlib prose with
+a long tail of document lengths and ~2% non-ASCII documents) it times, in this order:
+
+  (a) the per-core limit: ``Tokenizer.encode_batch`` (one thread, as each worker uses) over
+      in-memory texts, in batches of one 8 MiB chunk's documents; and SentencePiece's own
+      2-thread batch encode as the 2-core limit;
+  (b) a naive single-process read-encode-write loop, one document at a time (what Megatron's
+      ``preprocess_data.py`` does per worker);
+  (c) ``tokenize_corpus`` with each ``--workers`` count.
+
+Each is run ``--repeats`` times and the best time kept. It checks that every output is
+byte-identical (pipeline for each worker count and the naive loop) and that the pipeline's
+token count is the limit's plus one EOD per document, then prints a table and the targets:
+>= 90% of the limit per worker, >= 1.8x from 1 to 2 workers (this presumes 2 idle cores).
+
+Run: ``make bench-tokenize`` or ``.venv/bin/python benchmarks/bench_tokenize.py [--size-mb 20]``.
+Corpus and tokenizer are cached in ``--cache-dir`` and reused on later runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import filecmp
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+import numpy as np
+
+from bloomline.dataprep.demo_corpus import iter_stdlib_documents
+from bloomline.dataprep.indexed_dataset import write_index
+from bloomline.dataprep.pipeline import tokenize_corpus
+from bloomline.dataprep.sources import expand_inputs, iter_chunks
+from bloomline.dataprep.tokenizer import Tokenizer, train_tokenizer
+
+# Sentences outside the tokenizer's usual alphabet: rare enough in the corpus that many of
+# their characters go through SentencePiece's byte-fallback path.
+NON_ASCII = [
+    "Функция возвращает новый список, не изменяя исходный.",
+    "Если файл не найден, возбуждается исключение OSError.",
+    "この関数は文字列を受け取り、バイト列を返します。",
+    "引数が省略された場合は、既定のエンコーディングが使われます。",
+    "该函数返回一个迭代器，按顺序产生每一行。",
+    "缓冲区满时，写入操作会阻塞直到有空间可用。",
+    "이 메서드는 스레드에 안전하지 않습니다.",
+    "Η συνάρτηση επιστρέφει το μήκος της ακολουθίας.",
+    "Ça marche déjà très bien — même avec des caractères accentués.",
+    "Build passed ✅ tests green 🎉 deploy 🚀 coffee ☕ bugs 🐛🐛",
+]
+NON_ASCII_SHARE = 0.02
+
+
+def build_corpus(path: Path, size_mb: float) -> None:
+    """Write ~size_mb MB of jsonl documents drawn from stdlib paragraphs (seeded, so fixed)."""
+    texts = [doc["text"] for doc in iter_stdlib_documents()]
+    paras = [p for t in texts for p in re.split(r"\n\s*\n", t) if p.strip()]
+    para_bytes = np.array([len(p.encode()) + 2 for p in paras])  # + the "\n\n" joining them
+    rng = np.random.default_rng(1234)
+    target = size_mb * 1e6
+    # Lognormal lengths: median ~1.6 KB, mean ~3 KB, a few documents of ~100 KB.
+    mu, sigma = np.log(3000) - 1.1**2 / 2, 1.1
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    written = 0
+    try:
+        with open(tmp, "wb") as fh:
+            doc_id = 0
+            while written < target:
+                want = float(np.clip(rng.lognormal(mu, sigma), 200, 120_000))
+                # Draw a generous batch of paragraphs, keep those that reach the length.
+                idx = rng.integers(0, len(paras), size=int(want / 80) + 4)
+                keep = int(np.searchsorted(np.cumsum(para_bytes[idx]), want)) + 1
+                doc = [paras[i] for i in idx[:keep]]
+                if rng.random() < NON_ASCII_SHARE:
+                    for pos in sorted(rng.integers(0, len(doc) + 1, size=len(doc) // 2 + 1),
+                                      reverse=True):
+                        picks = rng.integers(0, len(NON_ASCII), size=rng.integers(1, 4))
+                        doc.insert(int(pos), " ".join(NON_ASCII[i] for i in picks))
+                line = json.dumps({"id": doc_id, "text": "\n\n".join(doc)}, ensure_ascii=False)
+                written += fh.write((line + "\n").encode())
+                doc_id += 1
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def best_of(repeats: int, fn):
+    """(min seconds, last result) over ``repeats`` calls."""
+    best, result = float("inf"), None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        result = fn()
+        best = min(best, time.perf_counter() - start)
+    return best, result
+
+
+def encode_all(batches: list[list[str]], encode) -> int:
+    return sum(sum(map(len, encode(batch))) for batch in batches)
+
+
+def naive_loop(corpus: Path, tok: Tokenizer, prefix: Path) -> int:
+    """Megatron-style: one document at a time through Python, .idx written at the end."""
+    lengths, doc_bounds, num_tokens = [], [0], 0
+    with open(corpus, encoding="utf-8") as fin, open(f"{prefix}.bin", "wb") as fout:
+        for line in fin:
+            ids = tok._sp.Encode(json.loads(line)["text"], out_type=int)
+            if ids:  # Megatron's convention: an empty document gets no EOD and no sequence
+                ids.append(tok.eod_id)
+                fout.write(np.array(ids, dtype=tok.token_dtype).tobytes())
+                lengths.append(len(ids))
+                num_tokens += len(ids)
+            doc_bounds.append(len(lengths))
+    write_index(f"{prefix}.idx", tok.token_dtype, np.array(lengths, dtype=np.int64),
+                np.array(doc_bounds, dtype=np.int64))
+    return num_tokens
+
+
+def same_files(a: Path, b: Path) -> bool:
+    return all(filecmp.cmp(f"{a}{s}", f"{b}{s}", shallow=False) for s in (".bin", ".idx"))
+
+
+def load_batches(corpus: Path) -> tuple[list[list[str]], dict]:
+    """Every text in memory, batched exactly as the pipeline's 8 MiB chunks cut the file."""
+    with open(corpus, encoding="utf-8") as fh:
+        texts = [json.loads(line)["text"] for line in fh]
+    batches, start = [], 0
+    for chunk in iter_chunks(expand_inputs([str(corpus)])):
+        count = chunk.payload.count(b"\n")
+        batches.append(texts[start : start + count])
+        start += count
+    assert start == len(texts), "chunk line counts do not cover the corpus"
+    sizes = [len(t.encode()) for t in texts]
+    return batches, {"documents": len(texts), "text_bytes": sum(sizes), "longest": max(sizes),
+                     "non_ascii": sum(not t.isascii() for t in texts)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size-mb", type=float, default=200)
+    parser.add_argument("--cache-dir", type=Path, default=Path(__file__).parent / ".cache")
+    parser.add_argument("--vocab-size", type=int, default=32000)
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--json", action="store_true", help="also print the results as JSON")
+    args = parser.parse_args()
+    cache: Path = args.cache_dir
+    cache.mkdir(parents=True, exist_ok=True)
+
+    # The size is in the name, so a corpus of another size is generated beside, not reused.
+    corpus = cache / f"bench_{args.size_mb:g}mb.jsonl"
+    if not corpus.exists():
+        print(f"generating {corpus} ...", flush=True)
+        build_corpus(corpus, args.size_mb)
+    model = cache / f"bench_{args.size_mb:g}mb_v{args.vocab_size}.model"
+    if not model.exists():
+        print(f"training a {args.vocab_size}-piece tokenizer on it ...", flush=True)
+        train_tokenizer([str(corpus)], model.with_suffix(""), args.vocab_size,
+                        max_sentences=300_000, overwrite=True)
+    tok = Tokenizer(model)
+
+    batches, stats = load_batches(corpus)
+    jsonl_bytes, text_bytes = corpus.stat().st_size, stats["text_bytes"]
+
+    rows: list[dict] = []
+
+    def add(name: str, seconds: float, nbytes: int, tokens: int, workers: int) -> None:
+        rows.append({"name": name, "seconds": seconds, "workers": workers, "bytes": nbytes,
+                     "tokens": tokens, "mb_per_s": nbytes / seconds / 1e6,
+                     "tokens_per_s": tokens / seconds})
+
+    print("(a) sentencepiece limit ...", flush=True)
+    secs, limit_tokens = best_of(args.repeats, lambda: encode_all(batches, tok.encode_batch))
+    add("(a) sentencepiece encode_batch, 1 thread = per-core limit", secs, text_bytes,
+        limit_tokens, 1)
+    secs, tokens2 = best_of(args.repeats, lambda: encode_all(
+        batches, lambda b: tok._sp.Encode(b, out_type=int, num_threads=2)))
+    add("(a) sentencepiece Encode, num_threads=2 = 2-core limit", secs, text_bytes, tokens2, 2)
+    batches = []  # frees the texts: the rest reads the file, like the real thing
+
+    print("(b) naive loop ...", flush=True)
+    naive = cache / "out_naive"
+    secs, naive_tokens = best_of(args.repeats, lambda: naive_loop(corpus, tok, naive))
+    add("(b) naive loop, 1 process", secs, jsonl_bytes, naive_tokens, 1)
+
+    summaries = {}
+    for w in args.workers:
+        print(f"(c) tokenize_corpus workers={w} ...", flush=True)
+        secs, summaries[w] = best_of(args.repeats, lambda w=w: tokenize_corpus(
+            [str(corpus)], str(model), str(cache / f"out_w{w}"), workers=w, overwrite=True,
+            show_progress=False))
+        add(f"(c) tokenize_corpus, workers={w}", secs, jsonl_bytes,
+            summaries[w].num_tokens["text"], w)
+
+    # Efficiency and "vs naive" compare times on the same documents: MB/s of (b)/(c) counts
+    # jsonl bytes (JSON syntax and escapes included), which would flatter them against (a).
+    limit_secs, naive_secs = rows[0]["seconds"], rows[2]["seconds"]
+    for row in rows:
+        row["pct_of_limit_per_worker"] = 100 * limit_secs / (row["seconds"] * row["workers"])
+        row["vs_naive"] = naive_secs / row["seconds"]
+
+    header = f"{'measurement':<58} {'s':>8} {'MB/s':>8} {'tokens/s':>12} {'%lim/wkr':>9} " \
+             f"{'vs naive':>9}"
+    print(f"\ncorpus {corpus}: {stats['documents']:,} documents ({stats['non_ascii']:,} "
+          f"non-ASCII), {jsonl_bytes / 1e6:.1f} MB jsonl, {text_bytes / 1e6:.1f} MB of text "
+          f"(avg {text_bytes / stats['documents']:,.0f} B/doc, longest {stats['longest']:,} B), "
+          f"{limit_tokens:,} tokens + EOD; vocab {tok.vocab_size}; "
+          f"os.cpu_count() = {os.cpu_count()}")
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        print(f"{r['name']:<58} {r['seconds']:>8.2f} {r['mb_per_s']:>8.2f} "
+              f"{r['tokens_per_s']:>12,.0f} {r['pct_of_limit_per_worker']:>8.1f}% "
+              f"{r['vs_naive']:>8.2f}x")
+    print("MB/s: text bytes for (a), jsonl bytes for (b)/(c); %lim/wkr = (a) 1-thread time / "
+          "(time x workers), same documents.")
+    return report(args, rows, summaries, limit_tokens, naive, cache, stats)
+
+
+def report(args, rows, summaries, limit_tokens, naive, cache, stats) -> int:
+    # Correctness first: a fast wrong answer is not a result.
+    first = cache / f"out_w{args.workers[0]}"
+    problems = [f"out_w{w} differs from {first.name}" for w in args.workers[1:]
+                if not same_files(first, cache / f"out_w{w}")]
+    if not same_files(first, naive):
+        problems.append(f"{first.name} differs from the naive loop's output")
+    for w, s in summaries.items():
+        expected = limit_tokens + s.num_documents - s.num_empty["text"]
+        if s.num_tokens["text"] != expected:
+            problems.append(f"workers={w}: {s.num_tokens['text']:,} tokens, expected "
+                            f"{expected:,} (limit's tokens + one EOD per non-empty document)")
+    print("correctness: " + ("outputs byte-identical for workers " f"{args.workers} and the "
+                             "naive loop; token count = (a) + EOD count"
+                             if not problems else "FAILED: " + "; ".join(problems)))
+    pipe = {r["workers"]: r for r in rows if r["name"].startswith("(c)")}
+    results = {}
+    for w, r in pipe.items():
+        ok = r["pct_of_limit_per_worker"] >= 90
+        results[f"efficiency_w{w}"] = ok
+        print(f"target: per-worker efficiency >= 90% of the 1-thread limit, workers={w}: "
+              f"{r['pct_of_limit_per_worker']:.1f}% {'PASS' if ok else 'FAIL'}")
+    if 1 in pipe and 2 in pipe:
+        speedup = pipe[1]["seconds"] / pipe[2]["seconds"]
+        results["speedup_1_to_2"] = speedup >= 1.8
+        print(f"target: speedup 1 -> 2 workers >= 1.8x: {speedup:.2f}x "
+              f"{'PASS' if speedup >= 1.8 else 'FAIL'} (presumes 2 otherwise idle cores; "
+              f"this machine has os.cpu_count() = {os.cpu_count()})")
+    if args.json:
+        print(json.dumps({"corpus": stats, "rows": rows, "targets": results,
+                          "problems": problems, "cpu_count": os.cpu_count()}, indent=2))
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,73 @@
+"""SentencePiece training and loading: special ids, byte fallback, exact round trips."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bloomline.common import UserError
+from bloomline.dataprep import Tokenizer, train_tokenizer
+from conftest import UNICODE_TEXTS
+
+
+def test_special_tokens_have_the_documented_ids(tiny_tokenizer):
+    """Catches: EOD/PAD missing or moved (the trainer and HF export rely on these ids)."""
+    tok = Tokenizer(tiny_tokenizer)
+    assert [tok.id_to_piece(i) for i in range(4)] == ["<unk>", "<s>", "</s>", "<pad>"]
+    assert tok.eod_id == 2 and tok.pad_id == 3 and tok.vocab_size == 512
+
+
+def test_byte_fallback_and_exact_round_trip(tiny_tokenizer):
+    """Catches: characters never seen in training becoming <unk> (lost text), or
+    normalization rewriting the text (NFKC, collapsed spaces)."""
+    tok = Tokenizer(tiny_tokenizer)
+    unseen = "Runes ᚠᚢᚦ and math 𝔘𝔫𝔦𝔠𝔬𝔡𝔢, fullwidth ＡＢＣ,   three spaces, ﬁ ligature"
+    for text in [*UNICODE_TEXTS, unseen]:
+        ids = tok.encode_batch([text])[0]
+        assert 0 not in ids, "byte fallback must avoid <unk>"
+        assert tok.decode(ids) == text
+
+
+def test_train_refuses_impossible_vocab_with_one_line(tmp_path):
+    """Catches: SentencePiece's multi-line RuntimeError escaping as a traceback."""
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps({"text": "tiny corpus"}) + "\n")
+    with pytest.raises(UserError, match="SentencePiece refused: .*[Vv]ocab") as info:
+        train_tokenizer([str(src)], tmp_path / "t", vocab_size=5000, num_threads=1)
+    assert "\n" not in str(info.value)
+    assert not list(tmp_path.glob("t.*")) and not list(tmp_path.glob(".t.*"))
+
+
+def test_train_samples_a_bounded_number_of_lines(tmp_path):
+    """Catches: max_sentences ignored (memory growing with the input)."""
+    import bloomline.dataprep.tokenizer as module
+
+    seen = []
+    real_reservoir = module._reservoir
+
+    def spy(items, size, seed):
+        sample = real_reservoir(items, size, seed)
+        seen.append(len(sample))
+        return sample
+
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"text": f"line {i} with some words\nsecond {i}"}) + "\n"
+                           for i in range(3000)))
+    module._reservoir, original = spy, module._reservoir
+    try:
+        train_tokenizer([str(src)], tmp_path / "t", vocab_size=300, max_sentences=1000,
+                        num_threads=1)
+    finally:
+        module._reservoir = original
+    assert seen == [1000]  # 6000 lines offered, 1000 kept
+    assert Tokenizer(tmp_path / "t.model").vocab_size == 300
+
+
+def test_reservoir_is_uniform_enough_and_deterministic():
+    """Catches: a 'sample' that is just the first N lines (biased towards the first files)."""
+    from bloomline.dataprep.tokenizer import _reservoir
+
+    sample = _reservoir(iter(range(100_000)), 1000, seed=3)
+    assert sample == _reservoir(iter(range(100_000)), 1000, seed=3)
+    assert sum(x >= 50_000 for x in sample) in range(430, 571)  # ~500 expected from each half
