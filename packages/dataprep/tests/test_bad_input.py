@@ -161,3 +161,20 @@ def test_ctrl_c_stops_cleanly_and_removes_partial_files(tmp_path, tiny_tokenizer
     assert proc.returncode == 130, stderr
     assert b"Traceback" not in stderr
     assert list(out.iterdir()) == []
+
+
+def test_output_that_is_a_folder(tmp_path, tiny_tokenizer, cli):
+    """Catches: `--output corpus/` writing hidden files named `corpus/.bin`."""
+    (tmp_path / "in.jsonl").write_text('{"text": "x"}\n')
+    result = cli("tokenize", tmp_path / "in.jsonl", "--tokenizer", tiny_tokenizer,
+                 "--output", f"{tmp_path}/")
+    assert result.returncode == 1 and "a folder; give a file prefix" in result.stderr
+
+
+def test_unwritable_output_is_one_line(tmp_path, tiny_tokenizer, cli):
+    """Catches: a PermissionError traceback when the output folder cannot be created."""
+    (tmp_path / "in.jsonl").write_text('{"text": "x"}\n')
+    (tmp_path / "file").write_text("a file, not a folder")
+    result = cli("tokenize", tmp_path / "in.jsonl", "--tokenizer", tiny_tokenizer,
+                 "--output", tmp_path / "file" / "sub" / "c")
+    _assert_clean_failure(result, "file/sub: Not a directory", tmp_path / "nothing")

@@ -29,12 +29,19 @@ def exit_on_user_error(fn: Callable[[], T]) -> T:
     """Run ``fn``; on :class:`UserError` print ``error: ...`` to stderr and exit non-zero.
 
     Ctrl-C exits with 130 (the shell convention) and a short message instead of a traceback.
+    An operating-system error on a named file (permission denied, disk full) is the user's
+    environment, not a bug: it gets the same one-line treatment.
     """
     try:
         return fn()
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(err.exit_code) from None
+    except OSError as err:
+        if err.filename is None:
+            raise
+        print(f"error: {err.filename}: {err.strerror}", file=sys.stderr)
+        raise SystemExit(1) from None
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         raise SystemExit(130) from None

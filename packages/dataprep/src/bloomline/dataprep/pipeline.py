@@ -16,6 +16,7 @@ bounded however big the corpus is, and no per-document Python list outlives its 
 from __future__ import annotations
 
 import multiprocessing
+import os
 import signal
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -202,6 +203,8 @@ def tokenize_corpus(
         raise UserError(f"--json-key {keys}: give one or more distinct keys")
     if workers < 1:
         raise UserError(f"--workers {workers}: must be at least 1")
+    if output.endswith(("/", os.sep)) or Path(output).is_dir():
+        raise UserError(f"--output {output}: a folder; give a file prefix like corpus/NAME")
     outputs = output_prefixes(output, keys)
     check_can_write([f"{p}{s}" for p in outputs.values() for s in (".bin", ".idx")], overwrite)
     sources = expand_inputs(inputs)
