@@ -38,7 +38,7 @@ demo: $(STAMP)
 	$(BIN)/dataprep train-tokenizer $(DEMO)/raw --vocab-size 8000 --output $(DEMO)/tokenizer/demo --overwrite
 	$(BIN)/dataprep tokenize $(DEMO)/raw --tokenizer $(DEMO)/tokenizer/demo.model \
 		--output $(DEMO)/corpus/demo --overwrite
-	@echo "demo: token files in $(DEMO)/corpus (later stages: build-index, pretrain, arrive with issues [2] and [4])"
+	@echo "demo: token files in $(DEMO)/corpus"
 
 bench-tokenize: $(STAMP)
 	$(BIN)/python benchmarks/bench_tokenize.py

@@ -173,3 +173,13 @@ def test_skip_bad_lines_counts_and_keeps_the_rest(tmp_path, tiny_tokenizer, work
     assert summary.num_skipped == 4 and summary.num_documents == 2
     assert any("in.jsonl:2: malformed JSON" in m for m in summary.skipped_messages)
     assert _documents(tmp_path / "o") == _expected(tiny_tokenizer, ["good one", "good two"])
+
+
+def test_auto_chunk_size_gives_every_worker_work_on_small_inputs():
+    """Catches: a 3 MB corpus cut into one 8 MiB chunk, leaving every other worker idle."""
+    from bloomline.dataprep.pipeline import MIN_CHUNK_BYTES, auto_chunk_bytes
+    from bloomline.dataprep.sources import DEFAULT_CHUNK_BYTES
+
+    assert auto_chunk_bytes(3_000_000, 2) * 2 < 3_000_000
+    assert auto_chunk_bytes(10**12, 64) == DEFAULT_CHUNK_BYTES
+    assert auto_chunk_bytes(1000, 8) == MIN_CHUNK_BYTES

@@ -15,9 +15,12 @@ bounded however big the corpus is, and no per-document Python list outlives its 
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import signal
+import threading
+from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from itertools import chain
@@ -33,7 +36,9 @@ from bloomline.dataprep.indexed_dataset import IndexedDatasetWriter
 from bloomline.dataprep.sources import DEFAULT_CHUNK_BYTES, Chunk, expand_inputs, iter_chunks
 from bloomline.dataprep.tokenizer import Tokenizer
 
-__all__ = ["TokenizeSummary", "output_prefixes", "tokenize_corpus"]
+__all__ = ["TokenizeSummary", "auto_chunk_bytes", "output_prefixes", "tokenize_corpus"]
+
+MIN_CHUNK_BYTES = 256 << 10
 
 
 @dataclass
@@ -95,6 +100,15 @@ def output_prefixes(output: str, keys: list[str]) -> dict[str, str]:
     return {key: f"{output}_{key}" for key in keys}
 
 
+def auto_chunk_bytes(total_bytes: int, workers: int) -> int:
+    """8 MiB chunks, smaller for small inputs so that every worker gets several of them.
+
+    Large chunks keep per-chunk costs (a shard, a task round trip) negligible; on a corpus of
+    a few MB they would leave all but one worker idle.
+    """
+    return int(min(DEFAULT_CHUNK_BYTES, max(MIN_CHUNK_BYTES, total_bytes // (4 * workers))))
+
+
 # Per-process state of a worker: the tokenizer is loaded once, not once per chunk.
 _state: dict = {}
 
@@ -102,8 +116,7 @@ _state: dict = {}
 def _init_worker(model_path: str, keys: list[str], append_eod: bool, skip_bad_lines: bool,
                  scratch: str, ignore_sigint: bool) -> None:
     if ignore_sigint:
-        # Ctrl-C is the main process's to handle: it cancels the queue and cleans up; workers
-        # finish their chunk instead of each printing a traceback.
+        # Also for a worker the pool restarts outside _sigint_ignored (see there).
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     _state.update(tokenizer=Tokenizer(model_path), keys=keys, append_eod=append_eod,
                   skip_bad_lines=skip_bad_lines, scratch=Path(scratch))
@@ -146,7 +159,26 @@ def _tokenize_chunk(chunk: Chunk) -> _ChunkResult:
                         chunk.source_bytes)
 
 
-def _results_in_flight(chunks, workers: int, init_args: tuple):
+@contextlib.contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    """Ignore Ctrl-C while worker processes start, so that they start with it ignored.
+
+    A process started with SIGINT ignored keeps it ignored (Python installs no handler then):
+    a Ctrl-C that lands while a worker is still importing cannot kill it with a traceback.
+    The main process alone handles Ctrl-C: it cancels the queue and cleans up.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal dispositions can only be changed from the main thread
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _results_in_flight(chunks: Iterator[Chunk], workers: int, init_args: tuple
+                       ) -> Iterator[_ChunkResult]:
     """Yield chunk results as workers finish them, keeping at most 2 * workers queued."""
     if workers == 1:
         _init_worker(*init_args, ignore_sigint=False)
@@ -158,21 +190,24 @@ def _results_in_flight(chunks, workers: int, init_args: tuple):
     pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker,
                                initargs=(*init_args, True))
     pending: set[Future] = set()
-    try:
-        chunk_iter = iter(chunks)
-        exhausted = False
-        while True:
-            while not exhausted and len(pending) < 2 * workers:
-                chunk = next(chunk_iter, None)
-                if chunk is None:
-                    exhausted = True
-                else:
-                    pending.add(pool.submit(_tokenize_chunk, chunk))
-            if not pending:
+
+    def fill() -> None:
+        while len(pending) < 2 * workers:
+            chunk = next(chunks, None)
+            if chunk is None:
                 return
-            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            pending.add(pool.submit(_tokenize_chunk, chunk))
+
+    try:
+        with _sigint_ignored():
+            fill()  # the pool starts its processes on the first submits
+        while pending:
+            done, still_running = wait(pending, return_when=FIRST_COMPLETED)
+            pending.clear()
+            pending.update(still_running)
             for future in done:
                 yield future.result()  # re-raises a worker's BadInputError here
+            fill()
     finally:
         # On error or Ctrl-C: drop queued chunks, let running ones finish, then the caller
         # removes the scratch folder (no worker is left writing into it).
@@ -189,10 +224,13 @@ def tokenize_corpus(
     overwrite: bool = False,
     skip_bad_lines: bool = False,
     txt_per_line: bool = False,
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    chunk_bytes: int | None = None,
     show_progress: bool = True,
 ) -> TokenizeSummary:
     """Tokenize ``inputs`` into ``output.bin/.idx`` (or ``output_KEY`` per key).
+
+    ``chunk_bytes`` (input bytes per unit of work) defaults to :func:`auto_chunk_bytes`; it
+    changes only how work is shared, never the output bytes.
 
     Raises:
         UserError: for bad input (named by file and line), a bad tokenizer model, or outputs
@@ -208,19 +246,22 @@ def tokenize_corpus(
     outputs = output_prefixes(output, keys)
     check_can_write([f"{p}{s}" for p in outputs.values() for s in (".bin", ".idx")], overwrite)
     sources = expand_inputs(inputs)
+    total_bytes = sum(s.size for s in sources)
+    if chunk_bytes is None:
+        chunk_bytes = auto_chunk_bytes(total_bytes, workers)
     tokenizer = Tokenizer(tokenizer_path)
     summary = TokenizeSummary(outputs)
     progress = Progress(
         "tokenize",
         [Counter("docs", "docs"), Counter("text_bytes", "MB", 1e6), Counter("tokens", "tokens")],
-        total=sum(s.size for s in sources) or None, total_key="source_bytes",
+        total=total_bytes or None, total_key="source_bytes",
         enabled=show_progress)
     out_dir = Path(output).parent
     with atomic_output_dir(out_dir, Path(output).name) as scratch:
         writers = {key: IndexedDatasetWriter(prefix, tokenizer.token_dtype, overwrite=overwrite)
                    for key, prefix in outputs.items()}
         try:
-            chunks = iter_chunks(sources, chunk_bytes, txt_per_line)
+            chunks = iter(iter_chunks(sources, chunk_bytes, txt_per_line))
             init_args = (tokenizer.model_path, keys, append_eod, skip_bad_lines, str(scratch))
             ready: dict[int, _ChunkResult] = {}
             next_index = 0
