@@ -10,7 +10,8 @@ a long tail of document lengths and ~2% non-ASCII documents) it times, in this o
       ``preprocess_data.py`` does per worker);
   (c) ``tokenize_corpus`` with each ``--workers`` count.
 
-Each is run ``--repeats`` times and the best time kept. It checks that every output is
+Rounds run every measurement in turn (``--repeats`` rounds, default 3) and keep each one's best
+time, so that slow periods of a shared machine hit all of them alike. It checks that every output is
 byte-identical (pipeline for each worker count and the naive loop) and that the pipeline's
 token count is the limit's plus one EOD per document, then prints a table and the targets:
 >= 90% of the limit per worker, >= 1.8x from 1 to 2 workers (this presumes 2 idle cores).
@@ -87,16 +88,6 @@ def build_corpus(path: Path, size_mb: float) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def best_of(repeats: int, fn):
-    """(min seconds, last result) over ``repeats`` calls."""
-    best, result = float("inf"), None
-    for _ in range(repeats):
-        start = time.perf_counter()
-        result = fn()
-        best = min(best, time.perf_counter() - start)
-    return best, result
-
-
 def encode_all(batches: list[list[str]], encode) -> int:
     return sum(sum(map(len, encode(batch))) for batch in batches)
 
@@ -143,7 +134,8 @@ def main() -> int:
     parser.add_argument("--cache-dir", type=Path, default=Path(__file__).parent / ".cache")
     parser.add_argument("--vocab-size", type=int, default=32000)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="rounds over all measurements; each keeps its best time")
     parser.add_argument("--json", action="store_true", help="also print the results as JSON")
     args = parser.parse_args()
     cache: Path = args.cache_dir
@@ -164,35 +156,44 @@ def main() -> int:
     batches, stats = load_batches(corpus)
     jsonl_bytes, text_bytes = corpus.stat().st_size, stats["text_bytes"]
 
-    rows: list[dict] = []
-
-    def add(name: str, seconds: float, nbytes: int, tokens: int, workers: int) -> None:
-        rows.append({"name": name, "seconds": seconds, "workers": workers, "bytes": nbytes,
-                     "tokens": tokens, "mb_per_s": nbytes / seconds / 1e6,
-                     "tokens_per_s": tokens / seconds})
-
-    print("(a) sentencepiece limit ...", flush=True)
-    secs, limit_tokens = best_of(args.repeats, lambda: encode_all(batches, tok.encode_batch))
-    add("(a) sentencepiece encode_batch, 1 thread = per-core limit", secs, text_bytes,
-        limit_tokens, 1)
-    secs, tokens2 = best_of(args.repeats, lambda: encode_all(
-        batches, lambda b: tok._sp.Encode(b, out_type=int, num_threads=2)))
-    add("(a) sentencepiece Encode, num_threads=2 = 2-core limit", secs, text_bytes, tokens2, 2)
-    batches = []  # frees the texts: the rest reads the file, like the real thing
-
-    print("(b) naive loop ...", flush=True)
     naive = cache / "out_naive"
-    secs, naive_tokens = best_of(args.repeats, lambda: naive_loop(corpus, tok, naive))
-    add("(b) naive loop, 1 process", secs, jsonl_bytes, naive_tokens, 1)
-
-    summaries = {}
+    # Every measurement as a zero-argument function returning a token count (and, for the
+    # pipeline, its summary). Rounds run all of them in turn and keep each one's best time:
+    # on a shared or virtual machine, slow periods then hit every measurement alike instead
+    # of whichever happened to run during them.
+    measurements = {
+        "(a) sentencepiece encode_batch, 1 thread = per-core limit":
+            (text_bytes, 1, lambda: (encode_all(batches, tok.encode_batch), None)),
+        "(a) sentencepiece Encode, num_threads=2 = 2-core limit":
+            (text_bytes, 2, lambda: (encode_all(
+                batches, lambda b: tok._sp.Encode(b, out_type=int, num_threads=2)), None)),
+        "(b) naive loop, 1 process":
+            (jsonl_bytes, 1, lambda: (naive_loop(corpus, tok, naive), None)),
+    }
     for w in args.workers:
-        print(f"(c) tokenize_corpus workers={w} ...", flush=True)
-        secs, summaries[w] = best_of(args.repeats, lambda w=w: tokenize_corpus(
-            [str(corpus)], str(model), str(cache / f"out_w{w}"), workers=w, overwrite=True,
-            show_progress=False))
-        add(f"(c) tokenize_corpus, workers={w}", secs, jsonl_bytes,
-            summaries[w].num_tokens["text"], w)
+        def run_pipeline(w=w):
+            summary = tokenize_corpus([str(corpus)], str(model), str(cache / f"out_w{w}"),
+                                      workers=w, overwrite=True, show_progress=False)
+            return summary.num_tokens["text"], summary
+        measurements[f"(c) tokenize_corpus, workers={w}"] = (jsonl_bytes, w, run_pipeline)
+
+    best = {name: float("inf") for name in measurements}
+    tokens, summaries = {}, {}
+    for round_no in range(1, args.repeats + 1):
+        for name, (_, workers, fn) in measurements.items():
+            print(f"round {round_no}/{args.repeats}: {name} ...", flush=True)
+            start = time.perf_counter()
+            tokens[name], summary = fn()
+            best[name] = min(best[name], time.perf_counter() - start)
+            if summary is not None:
+                summaries[workers] = summary
+    limit_tokens = tokens[next(iter(measurements))]
+    rows = []
+    for name, (nbytes, workers, _) in measurements.items():
+        secs = best[name]
+        rows.append({"name": name, "seconds": secs, "workers": workers, "bytes": nbytes,
+                     "tokens": tokens[name], "mb_per_s": nbytes / secs / 1e6,
+                     "tokens_per_s": tokens[name] / secs})
 
     # Efficiency and "vs naive" compare times on the same documents: MB/s of (b)/(c) counts
     # jsonl bytes (JSON syntax and escapes included), which would flatter them against (a).

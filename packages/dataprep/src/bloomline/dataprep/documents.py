@@ -129,6 +129,13 @@ def _text_files(chunk: Chunk, out: _Collector) -> None:
         out.docs.text_bytes += len(raw)
 
 
+def _require_columns(path: str, keys: list[str], columns: list[str]) -> None:
+    missing = [key for key in keys if key not in columns]
+    if missing:
+        raise BadInputError(f"{path}: no column {missing[0]!r} (columns: "
+                            f"{', '.join(columns[:10])}); choose the field with --json-key")
+
+
 def _table(chunk: Chunk, keys: list[str]):
     """(arrow table of ``keys`` for the chunk, row number of its first row in the source)."""
     path = chunk.source.path
@@ -136,19 +143,12 @@ def _table(chunk: Chunk, keys: list[str]):
         import pyarrow.parquet as pq
 
         pf = pq.ParquetFile(path)
-        columns = pf.schema_arrow.names
+        _require_columns(path, keys, pf.schema_arrow.names)
         first_row = sum(pf.metadata.row_group(g).num_rows for g in range(chunk.groups[0]))
-        read = lambda: pf.read_row_groups(list(chunk.groups), columns=keys)  # noqa: E731
-    else:
-        dataset = load_hf_dataset(path)
-        columns = dataset.column_names
-        first_row = chunk.start
-        read = lambda: dataset.with_format("arrow")[chunk.start : chunk.stop].select(keys)  # noqa: E731
-    missing = [key for key in keys if key not in columns]
-    if missing:
-        raise BadInputError(f"{path}: no column {missing[0]!r} (columns: "
-                            f"{', '.join(columns[:10])}); choose the field with --json-key")
-    return read(), first_row
+        return pf.read_row_groups(list(chunk.groups), columns=keys), first_row
+    dataset = load_hf_dataset(path)
+    _require_columns(path, keys, dataset.column_names)
+    return dataset.with_format("arrow")[chunk.start : chunk.stop].select(keys), chunk.start
 
 
 def _arrow_rows(chunk: Chunk, keys: list[str], out: _Collector) -> None:

@@ -37,6 +37,7 @@ __all__ = [
     "IndexedDatasetWriter",
     "merge_indexed_datasets",
     "token_dtype_for_vocab",
+    "write_index",
 ]
 
 MAGIC = b"MMIDIDX\x00\x00"

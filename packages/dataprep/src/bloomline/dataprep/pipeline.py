@@ -36,7 +36,13 @@ from bloomline.dataprep.indexed_dataset import IndexedDatasetWriter
 from bloomline.dataprep.sources import DEFAULT_CHUNK_BYTES, Chunk, expand_inputs, iter_chunks
 from bloomline.dataprep.tokenizer import Tokenizer
 
-__all__ = ["TokenizeSummary", "auto_chunk_bytes", "output_prefixes", "tokenize_corpus"]
+__all__ = [
+    "TokenizeSummary",
+    "auto_chunk_bytes",
+    "encode_documents",
+    "output_prefixes",
+    "tokenize_corpus",
+]
 
 MIN_CHUNK_BYTES = 256 << 10
 
