@@ -114,7 +114,7 @@ def same_files(a: Path, b: Path) -> bool:
 
 
 def load_batches(corpus: Path) -> tuple[list[list[str]], dict]:
-    """Every text in memory, batched exactly as the pipeline's 8 MiB chunks cut the file."""
+    """Every text in memory, batched as the pipeline cuts the file into chunks (one worker)."""
     with open(corpus, encoding="utf-8") as fh:
         texts = [json.loads(line)["text"] for line in fh]
     batches, start = [], 0

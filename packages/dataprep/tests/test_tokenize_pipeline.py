@@ -54,7 +54,7 @@ def test_jsonl_matches_direct_encoding_and_workers_give_identical_bytes(tmp_path
         # 1 KiB chunks: dozens of chunks, so two workers really interleave
         summaries[workers] = tokenize_corpus([str(src)], str(tiny_tokenizer),
                                              str(tmp_path / f"w{workers}"), workers=workers,
-                                             chunk_bytes=1024, show_progress=False)
+                                             max_chunk_bytes=1024, show_progress=False)
     for suffix in (".bin", ".idx"):
         assert (tmp_path / f"w1{suffix}").read_bytes() == (tmp_path / f"w2{suffix}").read_bytes()
     assert _documents(tmp_path / "w1") == _expected(tiny_tokenizer, TEXTS)
@@ -101,7 +101,7 @@ def test_every_input_format_gives_the_same_documents(tmp_path, tiny_tokenizer):
     for fmt, path in _write_formats(tmp_path, texts).items():
         out = tmp_path / "out" / fmt.replace(" ", "_")
         tokenize_corpus([str(path)], str(tiny_tokenizer), str(out), workers=2,
-                        chunk_bytes=512, show_progress=False)
+                        max_chunk_bytes=512, show_progress=False)
         assert _documents(out) == expected, fmt
 
 
@@ -123,7 +123,7 @@ def test_several_json_keys_give_one_complete_pair_each(tmp_path, tiny_tokenizer)
     src.write_text("".join(json.dumps({"title": f"T{i}", "text": t}) + "\n"
                            for i, t in enumerate(TEXTS)), encoding="utf-8")
     tokenize_corpus([str(src)], str(tiny_tokenizer), str(tmp_path / "c"),
-                    keys=["title", "text"], workers=2, chunk_bytes=2048, show_progress=False)
+                    keys=["title", "text"], workers=2, max_chunk_bytes=2048, show_progress=False)
     assert _documents(tmp_path / "c_text") == _expected(tiny_tokenizer, TEXTS)
     assert _documents(tmp_path / "c_title") == _expected(
         tiny_tokenizer, [f"T{i}" for i in range(len(TEXTS))])
@@ -175,11 +175,18 @@ def test_skip_bad_lines_counts_and_keeps_the_rest(tmp_path, tiny_tokenizer, work
     assert _documents(tmp_path / "o") == _expected(tiny_tokenizer, ["good one", "good two"])
 
 
-def test_auto_chunk_size_gives_every_worker_work_on_small_inputs():
-    """Catches: a 3 MB corpus cut into one 8 MiB chunk, leaving every other worker idle."""
-    from bloomline.dataprep.pipeline import MIN_CHUNK_BYTES, auto_chunk_bytes
-    from bloomline.dataprep.sources import DEFAULT_CHUNK_BYTES
+def test_chunks_taper_so_workers_finish_together():
+    """Catches: a small corpus cut into one 8 MiB chunk (all but one worker idle), or a big
+    one ending on a full-size chunk that one worker tokenizes while the others wait."""
+    from bloomline.dataprep.sources import DEFAULT_CHUNK_BYTES, MIN_CHUNK_BYTES, ChunkSizer
 
-    assert auto_chunk_bytes(3_000_000, 2) * 2 < 3_000_000
-    assert auto_chunk_bytes(10**12, 64) == DEFAULT_CHUNK_BYTES
-    assert auto_chunk_bytes(1000, 8) == MIN_CHUNK_BYTES
+    small = ChunkSizer(3_000_000, workers=2)
+    assert small.next_size() * 2 < 3_000_000
+    big = ChunkSizer(200 << 20, workers=2)
+    sizes = []
+    while big.remaining > 0:
+        sizes.append(big.next_size())
+        big.consumed(sizes[-1])
+    assert sizes[0] == DEFAULT_CHUNK_BYTES
+    assert sizes == sorted(sizes, reverse=True)  # never growing again
+    assert sizes[-1] == MIN_CHUNK_BYTES and len(sizes) < 100

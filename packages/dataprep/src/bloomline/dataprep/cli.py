@@ -75,8 +75,8 @@ def tokenize(
     skip_bad_lines: bool = typer.Option(
         False, help="Count and skip bad lines instead of stopping at the first."),
     txt_per_line: bool = typer.Option(False, help="Each line of a .txt file is a document."),
-    chunk_mb: float | None = typer.Option(
-        None, help="Input MiB per unit of work (default: 8, less for small inputs)."),
+    chunk_mb: float = typer.Option(
+        8.0, help="Most input MiB per unit of work (less for small inputs and near the end)."),
     quiet: bool = typer.Option(False, help="No progress line."),
 ) -> None:
     """Tokenize corpora into Megatron-compatible NAME.bin/NAME.idx."""
@@ -85,8 +85,7 @@ def tokenize(
     summary = tokenize_corpus(
         inputs, tokenizer, output, keys=json_key, workers=workers, append_eod=append_eod,
         overwrite=overwrite, skip_bad_lines=skip_bad_lines, txt_per_line=txt_per_line,
-        chunk_bytes=None if chunk_mb is None else max(1, int(chunk_mb * (1 << 20))),
-        show_progress=not quiet)
+        max_chunk_bytes=max(1, int(chunk_mb * (1 << 20))), show_progress=not quiet)
     for message in summary.skipped_messages:
         typer.echo(f"skipped: {message}", err=True)
     typer.echo(summary.format())

@@ -38,13 +38,11 @@ from bloomline.dataprep.tokenizer import Tokenizer
 
 __all__ = [
     "TokenizeSummary",
-    "auto_chunk_bytes",
     "encode_documents",
     "output_prefixes",
     "tokenize_corpus",
 ]
 
-MIN_CHUNK_BYTES = 256 << 10
 
 
 @dataclass
@@ -104,15 +102,6 @@ def output_prefixes(output: str, keys: list[str]) -> dict[str, str]:
     if len(keys) == 1:
         return {keys[0]: output}
     return {key: f"{output}_{key}" for key in keys}
-
-
-def auto_chunk_bytes(total_bytes: int, workers: int) -> int:
-    """8 MiB chunks, smaller for small inputs so that every worker gets several of them.
-
-    Large chunks keep per-chunk costs (a shard, a task round trip) negligible; on a corpus of
-    a few MB they would leave all but one worker idle.
-    """
-    return int(min(DEFAULT_CHUNK_BYTES, max(MIN_CHUNK_BYTES, total_bytes // (4 * workers))))
 
 
 # Per-process state of a worker: the tokenizer is loaded once, not once per chunk.
@@ -230,13 +219,14 @@ def tokenize_corpus(
     overwrite: bool = False,
     skip_bad_lines: bool = False,
     txt_per_line: bool = False,
-    chunk_bytes: int | None = None,
+    max_chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     show_progress: bool = True,
 ) -> TokenizeSummary:
     """Tokenize ``inputs`` into ``output.bin/.idx`` (or ``output_KEY`` per key).
 
-    ``chunk_bytes`` (input bytes per unit of work) defaults to :func:`auto_chunk_bytes`; it
-    changes only how work is shared, never the output bytes.
+    ``max_chunk_bytes`` caps the input bytes per unit of work (see
+    :class:`~bloomline.dataprep.sources.ChunkSizer`); it changes only how work is shared,
+    never the output bytes.
 
     Raises:
         UserError: for bad input (named by file and line), a bad tokenizer model, or outputs
@@ -253,8 +243,6 @@ def tokenize_corpus(
     check_can_write([f"{p}{s}" for p in outputs.values() for s in (".bin", ".idx")], overwrite)
     sources = expand_inputs(inputs)
     total_bytes = sum(s.size for s in sources)
-    if chunk_bytes is None:
-        chunk_bytes = auto_chunk_bytes(total_bytes, workers)
     tokenizer = Tokenizer(tokenizer_path)
     summary = TokenizeSummary(outputs)
     progress = Progress(
@@ -267,7 +255,7 @@ def tokenize_corpus(
         writers = {key: IndexedDatasetWriter(prefix, tokenizer.token_dtype, overwrite=overwrite)
                    for key, prefix in outputs.items()}
         try:
-            chunks = iter(iter_chunks(sources, chunk_bytes, txt_per_line))
+            chunks = iter(iter_chunks(sources, max_chunk_bytes, txt_per_line, workers))
             init_args = (tokenizer.model_path, keys, append_eod, skip_bad_lines, str(scratch))
             ready: dict[int, _ChunkResult] = {}
             next_index = 0

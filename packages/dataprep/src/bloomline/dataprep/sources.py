@@ -26,7 +26,7 @@ import zstandard
 
 from bloomline.common.errors import UserError
 
-__all__ = ["Chunk", "Source", "expand_inputs", "iter_chunks", "SUPPORTED_SUFFIXES"]
+__all__ = ["Chunk", "ChunkSizer", "Source", "expand_inputs", "iter_chunks", "SUPPORTED_SUFFIXES"]
 
 # Longest suffix first so that ".jsonl.zst" is not read as ".zst".
 _FORMATS = {
@@ -41,6 +41,7 @@ _FORMATS = {
 }
 SUPPORTED_SUFFIXES = tuple(_FORMATS)
 DEFAULT_CHUNK_BYTES = 8 << 20
+MIN_CHUNK_BYTES = 256 << 10
 _DECOMPRESS_ERRORS = (OSError, EOFError, ValueError, zlib.error, zstandard.ZstdError)
 
 
@@ -76,6 +77,33 @@ class Chunk:
     stop: int = 0
     files: tuple[str, ...] = field(default_factory=tuple)
     source_bytes: int = 0
+
+
+class ChunkSizer:
+    """How many input bytes the next chunk should take.
+
+    ``max_bytes`` while plenty of work remains; then a quarter of each worker's share of what
+    is left, so chunks taper off towards the end and all workers finish within a small chunk
+    of each other instead of one worker tokenizing a last 8 MiB chunk alone. Small inputs get
+    small chunks from the start, so every worker has work. Sizes change how work is shared,
+    never the output.
+    """
+
+    def __init__(self, total_bytes: int, max_bytes: int = DEFAULT_CHUNK_BYTES,
+                 workers: int = 1) -> None:
+        self.remaining = total_bytes
+        self.max_bytes = max_bytes
+        self.min_bytes = min(MIN_CHUNK_BYTES, max_bytes)
+        self.workers = workers
+
+    def next_size(self) -> int:
+        """Bytes for the next chunk."""
+        share = self.remaining // (4 * self.workers)
+        return int(min(self.max_bytes, max(self.min_bytes, share)))
+
+    def consumed(self, num_bytes: int) -> None:
+        """Account for a chunk handed out (its on-disk bytes)."""
+        self.remaining -= num_bytes
 
 
 def _format_of(path: str) -> tuple[str, str | None] | None:
@@ -168,7 +196,7 @@ def _open_binary(source: Source):
     return raw, raw
 
 
-def _line_chunks(source: Source, chunk_bytes: int, next_index: int) -> Iterator[Chunk]:
+def _line_chunks(source: Source, sizer: ChunkSizer, next_index: int) -> Iterator[Chunk]:
     stream, raw = _open_binary(source)
     try:
         carry = b""
@@ -176,7 +204,7 @@ def _line_chunks(source: Source, chunk_bytes: int, next_index: int) -> Iterator[
         consumed = 0
         while True:
             try:
-                block = stream.read(chunk_bytes)
+                block = stream.read(sizer.next_size())
             except _DECOMPRESS_ERRORS as err:  # corrupt .gz/.zst
                 raise UserError(f"{source.path}: cannot decompress ({err})") from None
             if block:
@@ -201,7 +229,7 @@ def _line_chunks(source: Source, chunk_bytes: int, next_index: int) -> Iterator[
         raw.close()
 
 
-def _parquet_chunks(source: Source, chunk_bytes: int, next_index: int) -> Iterator[Chunk]:
+def _parquet_chunks(source: Source, sizer: ChunkSizer, next_index: int) -> Iterator[Chunk]:
     import pyarrow.parquet as pq
 
     try:
@@ -215,14 +243,14 @@ def _parquet_chunks(source: Source, chunk_bytes: int, next_index: int) -> Iterat
         groups.append(g)
         text_bytes += rg.total_byte_size
         disk_bytes += sum(rg.column(c).total_compressed_size for c in range(rg.num_columns))
-        if text_bytes >= chunk_bytes or g == meta.num_row_groups - 1:
+        if text_bytes >= sizer.next_size() or g == meta.num_row_groups - 1:
             yield Chunk(next_index, source, "parquet", groups=tuple(groups),
                         source_bytes=disk_bytes)
             next_index += 1
             groups, text_bytes, disk_bytes = [], 0, 0
 
 
-def _hf_chunks(source: Source, chunk_bytes: int, next_index: int) -> Iterator[Chunk]:
+def _hf_chunks(source: Source, sizer: ChunkSizer, next_index: int) -> Iterator[Chunk]:
     from bloomline.dataprep.documents import load_hf_dataset
 
     dataset = load_hf_dataset(source.path)
@@ -230,37 +258,41 @@ def _hf_chunks(source: Source, chunk_bytes: int, next_index: int) -> Iterator[Ch
     if num_rows == 0:
         return
     bytes_per_row = max(1, source.size // num_rows)
-    rows_per_chunk = max(1, chunk_bytes // bytes_per_row)
-    for start in range(0, num_rows, rows_per_chunk):
-        stop = min(num_rows, start + rows_per_chunk)
+    start = 0
+    while start < num_rows:
+        stop = min(num_rows, start + max(1, sizer.next_size() // bytes_per_row))
         yield Chunk(next_index, source, "hf", start=start, stop=stop,
                     source_bytes=(stop - start) * bytes_per_row)
         next_index += 1
+        start = stop
 
 
-def iter_chunks(sources: list[Source], chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-                txt_per_line: bool = False) -> Iterator[Chunk]:
-    """Chunks of all sources, numbered 0, 1, ... in input order.
+def iter_chunks(sources: list[Source], max_chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                txt_per_line: bool = False, workers: int = 1) -> Iterator[Chunk]:
+    """Chunks of all sources, numbered 0, 1, ... in input order, sized by :class:`ChunkSizer`.
 
-    ``.txt`` files are one document each, grouped into chunks of about ``chunk_bytes``; with
-    ``txt_per_line`` every line of a ``.txt`` file is a document instead.
+    ``.txt`` files are one document each, grouped into chunks; with ``txt_per_line`` every
+    line of a ``.txt`` file is a document instead.
     """
+    sizer = ChunkSizer(sum(s.size for s in sources), max_chunk_bytes, workers)
     index = 0
     pending_files: list[Source] = []
 
     def flush_files() -> Iterator[Chunk]:
         nonlocal index, pending_files
         if pending_files:
-            yield Chunk(index, pending_files[0], "files",
-                        files=tuple(s.path for s in pending_files),
-                        source_bytes=sum(s.size for s in pending_files))
+            chunk = Chunk(index, pending_files[0], "files",
+                          files=tuple(s.path for s in pending_files),
+                          source_bytes=sum(s.size for s in pending_files))
+            sizer.consumed(chunk.source_bytes)
             index += 1
             pending_files = []
+            yield chunk
 
     for source in sources:
         if source.format == "txt" and not txt_per_line:
             pending_files.append(source)
-            if sum(s.size for s in pending_files) >= chunk_bytes:
+            if sum(s.size for s in pending_files) >= sizer.next_size():
                 yield from flush_files()
             continue
         yield from flush_files()
@@ -270,7 +302,9 @@ def iter_chunks(sources: list[Source], chunk_bytes: int = DEFAULT_CHUNK_BYTES,
             make = _parquet_chunks
         else:
             make = _hf_chunks
-        for chunk in make(source, chunk_bytes, index):
+        for chunk in make(source, sizer, index):
+            # account before the generator resumes: it sizes its next chunk from what is left
+            sizer.consumed(chunk.source_bytes)
             index = chunk.index + 1
             yield chunk
     yield from flush_files()
