@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -178,3 +179,20 @@ def test_unwritable_output_is_one_line(tmp_path, tiny_tokenizer, cli):
     result = cli("tokenize", tmp_path / "in.jsonl", "--tokenizer", tiny_tokenizer,
                  "--output", tmp_path / "file" / "sub" / "c")
     _assert_clean_failure(result, "file/sub: Not a directory", tmp_path / "nothing")
+
+
+def test_a_worker_killed_by_the_system_is_one_line(tmp_path, tiny_tokenizer):
+    """Catches: an OOM-killed worker surfacing as a BrokenProcessPool traceback, or its
+    run leaving partial files."""
+    proc, out = _start_big_run(tmp_path, tiny_tokenizer)
+    children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+    workers = [int(pid) for pid in children
+               if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    assert workers, children
+    os.kill(workers[0], signal.SIGKILL)  # what the kernel's OOM killer does
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 1, stderr
+    assert stderr.decode().strip().splitlines()[-1].startswith(
+        "error: tokenize: a worker process died")
+    assert b"Traceback" not in stderr
+    assert list(out.iterdir()) == []

@@ -22,6 +22,7 @@ import signal
 import threading
 from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
@@ -201,7 +202,12 @@ def _results_in_flight(chunks: Iterator[Chunk], workers: int, init_args: tuple
             pending.clear()
             pending.update(still_running)
             for future in done:
-                yield future.result()  # re-raises a worker's BadInputError here
+                try:
+                    yield future.result()  # re-raises a worker's BadInputError here
+                except BrokenProcessPool:
+                    raise UserError(
+                        "tokenize: a worker process died (killed, or out of memory); rerun "
+                        "with fewer --workers or a smaller --chunk-mb") from None
             fill()
     finally:
         # On error or Ctrl-C: drop queued chunks, let running ones finish, then the caller
