@@ -16,7 +16,7 @@ def test_render_shows_rates_percent_and_eta():
     progress.update(bytes=5e6, source=50.0)
     line = progress.render()
     assert line.startswith("job  25%")
-    assert "5 MB (0.50/s)" in line
+    assert "5 MB (0.5/s)" in line
     assert "ETA 0:30" in line  # 10 s for 25% -> 30 s for the remaining 75%
 
 
@@ -34,3 +34,11 @@ def test_format_duration():
     """Catches: hours rendered as 60+ minutes."""
     assert format_duration(65) == "1:05"
     assert format_duration(3725) == "1:02:05"
+
+
+def test_numbers_keep_three_significant_digits():
+    """Catches: rates printed as `812.10/s` or counts as `1234567` (unreadable at a glance)."""
+    from bloomline.common.progress import _human
+
+    assert [_human(v) for v in (812.1, 5.0, 0.5, 1234567, 4.2e9)] == [
+        "812", "5", "0.5", "1.23M", "4.2G"]

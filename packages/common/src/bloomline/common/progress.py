@@ -33,10 +33,11 @@ def format_duration(seconds: float) -> str:
 
 
 def _human(value: float) -> str:
+    """Three significant digits at most: ``1234567`` -> ``1.23M``, ``812.1`` -> ``812``."""
     for unit, factor in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
         if abs(value) >= factor:
-            return f"{value / factor:.2f}{unit}"
-    return f"{value:.0f}" if value == int(value) else f"{value:.2f}"
+            return f"{value / factor:.3g}{unit}"
+    return f"{value:.3g}"
 
 
 class Progress:
