@@ -10,7 +10,7 @@ DEMO   := build/demo
 STAMP     := $(VENV)/.installed-dev
 STAMP_CMP := $(VENV)/.installed-compat
 
-.PHONY: demo test lint bench-tokenize clean
+.PHONY: demo test lint bench-tokenize bench-readers clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +42,9 @@ demo: $(STAMP)
 
 bench-tokenize: $(STAMP)
 	$(BIN)/python benchmarks/bench_tokenize.py
+
+bench-readers: $(STAMP)
+	$(BIN)/python benchmarks/bench_readers.py
 
 clean:
 	rm -rf build $(VENV)
