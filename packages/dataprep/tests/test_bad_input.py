@@ -59,6 +59,14 @@ def test_bad_line_deep_in_a_big_file_gets_its_true_line_number(tmp_path, tiny_to
     _assert_clean_failure(result, "big.jsonl.zst:5001: malformed JSON", tmp_path / "out")
 
 
+def _save_dataset_dict(path):
+    import datasets
+
+    datasets.disable_progress_bars()
+    split = datasets.Dataset.from_dict({"text": ["a"]})
+    datasets.DatasetDict({"train": split}).save_to_disk(str(path))
+
+
 @pytest.mark.parametrize(("make_input", "message"), [
     (lambda d: str(d / "missing.jsonl"), "missing.jsonl: no such file or directory"),
     (lambda d: str(d / "*.parquet"), "*.parquet: glob matches no file"),
@@ -68,6 +76,10 @@ def test_bad_line_deep_in_a_big_file_gets_its_true_line_number(tmp_path, tiny_to
      "t.parquet: not a readable Parquet file"),
     (lambda d: (d / "t.jsonl.zst").write_bytes(b"not zstd at all") and str(d / "t.jsonl.zst"),
      "t.jsonl.zst: cannot decompress"),
+    (lambda d: (d / "t.jsonl.gz").write_bytes(b"\x1f\x8b broken") and str(d / "t.jsonl.gz"),
+     "t.jsonl.gz: cannot decompress"),
+    (lambda d: _save_dataset_dict(d / "dd") or str(d / "dd"),
+     "dd: a Hugging Face DatasetDict; pass one split folder instead, e.g. "),
 ])
 def test_bad_input_paths(tmp_path, tiny_tokenizer, cli, make_input, message):
     """Catches: inputs that match nothing or cannot be read failing with a traceback or,
