@@ -202,13 +202,12 @@ def _results_in_flight(chunks: Iterator[Chunk], workers: int, init_args: tuple
             pending.clear()
             pending.update(still_running)
             for future in done:
-                try:
-                    yield future.result()  # re-raises a worker's BadInputError here
-                except BrokenProcessPool:
-                    raise UserError(
-                        "tokenize: a worker process died (killed, or out of memory); rerun "
-                        "with fewer --workers or a smaller --chunk-mb") from None
+                yield future.result()  # re-raises a worker's BadInputError here
             fill()
+    except BrokenProcessPool:
+        # raised by result() or by submit(), whichever notices first
+        raise UserError("tokenize: a worker process died (killed, or out of memory); rerun "
+                        "with fewer --workers or a smaller --chunk-mb") from None
     finally:
         # On error or Ctrl-C: drop queued chunks, let running ones finish, then the caller
         # removes the scratch folder (no worker is left writing into it).
