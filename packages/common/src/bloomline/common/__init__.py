@@ -5,7 +5,6 @@ from bloomline.common.atomic import (
     atomic_write_bytes,
     check_can_write,
     publish,
-    replace_all,
 )
 from bloomline.common.errors import UserError, exit_on_user_error
 from bloomline.common.progress import Counter, Progress, format_duration
@@ -20,5 +19,4 @@ __all__ = [
     "exit_on_user_error",
     "format_duration",
     "publish",
-    "replace_all",
 ]

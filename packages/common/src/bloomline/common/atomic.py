@@ -21,7 +21,6 @@ __all__ = [
     "atomic_write_bytes",
     "check_can_write",
     "publish",
-    "replace_all",
 ]
 
 
@@ -42,7 +41,7 @@ def check_can_write(paths: Iterable[str | os.PathLike], overwrite: bool) -> None
 def atomic_output_dir(final_dir: str | os.PathLike, prefix: str) -> Iterator[Path]:
     """A private scratch folder next to the outputs, removed on exit whatever happens.
 
-    Build outputs inside it, then move them into place with :func:`replace_all` before the
+    Build outputs inside it, then move them into place with :func:`publish` before the
     block ends. The folder is hidden (leading dot) and ends in ``.partial`` so that a run
     killed with ``-9`` leaves nothing that a reader could mistake for a finished output.
     """
@@ -69,16 +68,6 @@ def publish(tmp: str | os.PathLike, final: str | os.PathLike) -> None:
     """
     os.chmod(tmp, _default_file_mode())
     os.replace(tmp, final)
-
-
-def replace_all(moves: list[tuple[Path, Path]]) -> None:
-    """Rename each ``(temporary, final)`` pair, in order.
-
-    Callers order the list so that the file a reader opens first (an ``.idx``) comes last:
-    until it is renamed, the output does not exist as far as any reader is concerned.
-    """
-    for src, dst in moves:
-        publish(src, dst)
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
