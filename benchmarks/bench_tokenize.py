@@ -103,10 +103,11 @@ def _limit_worker(model: str, batches: list[list[str]], tasks, results) -> None:
 class ConcurrentLimit:
     """The w-core limit: w processes encoding in-memory texts at once, nothing else running.
 
-    Two busy cores are each slower than one busy core alone (shared caches and memory, and on
-    a virtual machine its neighbours), so the per-worker efficiency of w workers is shown
-    against this limit too. Batches are handed out from a queue, as the pipeline hands out
-    chunks; the processes start (and load their copy of the texts) before the clock starts.
+    When all cores are busy each may run at another speed than one busy core alone (shared
+    caches and memory, and on a virtual machine its neighbours), so the per-worker efficiency
+    of w workers is shown against this limit too. Batches are handed out from a queue, as
+    the pipeline hands out chunks; the processes start (and load their copy of the texts)
+    before the clock starts.
     """
 
     def __init__(self, model: Path, batches: list[list[str]], workers: int) -> None:
