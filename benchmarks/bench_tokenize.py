@@ -1,17 +1,18 @@
 """Throughput of ``dataprep tokenize`` against the tokenizer's own limit and a naive loop.
 
 On a generated jsonl corpus (default ~200 MB, built deterministically from stdlib prose with
-a long tail of document lengths and ~2% non-ASCII documents) it times, in this order:
+a long tail of document lengths and ~2% non-ASCII documents) it times:
 
   (a) the per-core limit: ``Tokenizer.encode_batch`` (one thread, as each worker uses) over
-      in-memory texts, in batches of one 8 MiB chunk's documents; and SentencePiece's own
-      2-thread batch encode as the 2-core limit;
+      in-memory texts, in the batches the pipeline's chunks make; the w-core limit: the same
+      in w processes at once; and SentencePiece's own 2-thread batch encode for reference;
   (b) a naive single-process read-encode-write loop, one document at a time (what Megatron's
       ``preprocess_data.py`` does per worker);
   (c) ``tokenize_corpus`` with each ``--workers`` count.
 
-Rounds run every measurement in turn (``--repeats`` rounds, default 3) and keep each one's best
-time, so that slow periods of a shared machine hit all of them alike. It checks that every output is
+Rounds run every measurement in turn (``--repeats`` rounds, default 3); each ratio is taken
+within a round and the median over rounds reported, because this machine's speed drifts by 10%
+and more from one minute to the next. It checks that every output is
 byte-identical (pipeline for each worker count and the naive loop) and that the pipeline's
 token count is the limit's plus one EOD per document, then prints a table and the targets:
 >= 90% of the limit per worker, >= 1.8x from 1 to 2 workers (this presumes 2 idle cores).
@@ -177,7 +178,7 @@ def main() -> int:
     parser.add_argument("--vocab-size", type=int, default=32000)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--repeats", type=int, default=3,
-                        help="rounds over all measurements; each keeps its best time")
+                        help="rounds over all measurements; medians are reported")
     parser.add_argument("--json", action="store_true", help="also print the results as JSON")
     args = parser.parse_args()
     cache: Path = args.cache_dir
@@ -199,62 +200,65 @@ def main() -> int:
     jsonl_bytes, text_bytes = corpus.stat().st_size, stats["text_bytes"]
 
     naive = cache / "out_naive"
-    # Every measurement as a zero-argument function returning a token count (and, for the
-    # pipeline, its summary). Rounds run all of them in turn and keep each one's best time:
-    # on a shared or virtual machine, slow periods then hit every measurement alike instead
-    # of whichever happened to run during them.
-    measurements = {
-        "(a) sentencepiece encode_batch, 1 thread = per-core limit":
-            (text_bytes, 1, lambda: (encode_all(batches, tok.encode_batch), None)),
-        "(a) sentencepiece Encode, num_threads=2 = 2-core limit":
-            (text_bytes, 2, lambda: (encode_all(
-                batches, lambda b: tok._sp.Encode(b, out_type=int, num_threads=2)), None)),
-        "(b) naive loop, 1 process":
-            (jsonl_bytes, 1, lambda: (naive_loop(corpus, tok, naive), None)),
-    }
+    limit_name = "(a) sentencepiece encode_batch, 1 thread = per-core limit"
+    naive_name = "(b) naive loop, 1 process"
     concurrent_limits = {w: ConcurrentLimit(model, batches, w) for w in args.workers if w > 1}
-    for w, limit in concurrent_limits.items():
-        measurements[f"(a) sentencepiece encode_batch, {w} processes = {w}-core limit"] = (
-            text_bytes, w, lambda limit=limit: (limit(), None))
+    # name -> (bytes, workers, w-core limit's name, fn returning (tokens, summary or None)).
+    # Each pipeline run follows its own limit, so that the two of a pair run close in time.
+    measurements = {limit_name: (text_bytes, 1, limit_name, lambda: (
+        encode_all(batches, tok.encode_batch), None))}
     for w in args.workers:
+        w_limit = limit_name
+        if w > 1:
+            w_limit = f"(a) sentencepiece encode_batch, {w} processes = {w}-core limit"
+            measurements[w_limit] = (text_bytes, w, w_limit,
+                                     lambda limit=concurrent_limits[w]: (limit(), None))
+
         def run_pipeline(w=w):
             summary = tokenize_corpus([str(corpus)], str(model), str(cache / f"out_w{w}"),
                                       workers=w, overwrite=True, show_progress=False)
             return summary.num_tokens["text"], summary
-        measurements[f"(c) tokenize_corpus, workers={w}"] = (jsonl_bytes, w, run_pipeline)
+        measurements[f"(c) tokenize_corpus, workers={w}"] = (jsonl_bytes, w, w_limit,
+                                                             run_pipeline)
+    measurements["(a) sentencepiece Encode, num_threads=2 (its own threads)"] = (
+        text_bytes, 2, None, lambda: (encode_all(
+            batches, lambda b: tok._sp.Encode(b, out_type=int, num_threads=2)), None))
+    measurements[naive_name] = (jsonl_bytes, 1, limit_name,
+                                lambda: (naive_loop(corpus, tok, naive), None))
 
-    best = {name: float("inf") for name in measurements}
+    times: dict[str, list[float]] = {name: [] for name in measurements}
     tokens, summaries = {}, {}
     for round_no in range(1, args.repeats + 1):
-        for name, (_, workers, fn) in measurements.items():
+        for name, (_, workers, _, fn) in measurements.items():
             print(f"round {round_no}/{args.repeats}: {name} ...", flush=True)
             start = time.perf_counter()
             tokens[name], summary = fn()
-            best[name] = min(best[name], time.perf_counter() - start)
+            times[name].append(time.perf_counter() - start)
             if summary is not None:
                 summaries[workers] = summary
     for limit in concurrent_limits.values():
         limit.close()
-    limit_tokens = tokens[next(iter(measurements))]
-    rows = []
-    for name, (nbytes, workers, _) in measurements.items():
-        secs = best[name]
-        rows.append({"name": name, "seconds": secs, "workers": workers, "bytes": nbytes,
-                     "tokens": tokens[name], "mb_per_s": nbytes / secs / 1e6,
-                     "tokens_per_s": tokens[name] / secs})
+    limit_tokens = tokens[limit_name]
 
-    # Efficiency and "vs naive" compare times on the same documents: MB/s of (b)/(c) counts
-    # jsonl bytes (JSON syntax and escapes included), which would flatter them against (a).
-    limit_secs, naive_secs = rows[0]["seconds"], rows[2]["seconds"]
-    # the w-core limit for each w: w processes encoding at once (w = 1: the 1-thread limit)
-    core_limits = {1: limit_secs, **{r["workers"]: r["seconds"] for r in rows
-                                     if r["name"].endswith("-core limit")
-                                     and "processes" in r["name"]}}
-    for row in rows:
-        row["pct_of_limit_per_worker"] = 100 * limit_secs / (row["seconds"] * row["workers"])
-        w_limit = core_limits.get(row["workers"])
-        row["pct_of_w_core_limit"] = 100 * w_limit / row["seconds"] if w_limit else None
-        row["vs_naive"] = naive_secs / row["seconds"]
+    # The machine's speed drifts by 10% and more between minutes, so every ratio is taken
+    # within a round (between runs minutes apart at most) and the median over rounds is
+    # reported. Ratios compare times on the same documents: MB/s of (b)/(c) counts jsonl bytes
+    # (JSON syntax and escapes included), which would flatter them against (a).
+    def median_ratio(numerator: str, denominator: str, scale: float = 1.0) -> float:
+        return float(np.median([scale * a / b for a, b in zip(times[numerator],
+                                                              times[denominator], strict=True)]))
+
+    rows = []
+    for name, (nbytes, workers, w_limit, _) in measurements.items():
+        secs = float(np.median(times[name]))
+        rows.append({
+            "name": name, "seconds": secs, "all_seconds": times[name], "workers": workers,
+            "bytes": nbytes, "tokens": tokens[name], "mb_per_s": nbytes / secs / 1e6,
+            "tokens_per_s": tokens[name] / secs,
+            "pct_of_limit_per_worker": median_ratio(limit_name, name, 100 / workers),
+            "pct_of_w_core_limit": median_ratio(w_limit, name, 100) if w_limit else None,
+            "vs_naive": median_ratio(naive_name, name),
+        })
 
     header = f"{'measurement':<58} {'s':>8} {'MB/s':>8} {'tokens/s':>12} {'%lim/wkr':>9} " \
              f"{'%w-core':>8} {'vs naive':>9}"
@@ -271,8 +275,9 @@ def main() -> int:
         print(f"{r['name']:<58} {r['seconds']:>8.2f} {r['mb_per_s']:>8.2f} "
               f"{r['tokens_per_s']:>12,.0f} {r['pct_of_limit_per_worker']:>8.1f}% "
               f"{w_core} {r['vs_naive']:>8.2f}x")
-    print("MB/s: text bytes for (a), jsonl bytes for (b)/(c); %lim/wkr = (a) 1-thread time / "
-          "(time x workers); %w-core = the w-process limit's time / time; same documents.")
+    print(f"s: median of {args.repeats} rounds; MB/s: text bytes for (a), jsonl bytes for (b)/(c); "
+          "%lim/wkr = 1-thread limit's time / (time x workers); %w-core = the w-process "
+          "limit's time / time; ratios: median over rounds of each round's ratio.")
     return report(args, rows, summaries, limit_tokens, naive, cache, stats)
 
 
@@ -300,7 +305,8 @@ def report(args, rows, summaries, limit_tokens, naive, cache, stats) -> int:
               f"{r['pct_of_limit_per_worker']:.1f}% {'PASS' if ok else 'FAIL'} "
               f"({r['pct_of_w_core_limit']:.1f}% of the {w}-core limit)")
     if 1 in pipe and 2 in pipe:
-        speedup = pipe[1]["seconds"] / pipe[2]["seconds"]
+        speedup = float(np.median([a / b for a, b in zip(pipe[1]["all_seconds"],
+                                                          pipe[2]["all_seconds"], strict=True)]))
         results["speedup_1_to_2"] = speedup >= 1.8
         print(f"target: speedup 1 -> 2 workers >= 1.8x: {speedup:.2f}x "
               f"{'PASS' if speedup >= 1.8 else 'FAIL'} (presumes 2 otherwise idle cores; "
