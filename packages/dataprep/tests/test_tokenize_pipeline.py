@@ -21,7 +21,7 @@ def _expected(tokenizer_path, texts, append_eod=True):
     tok = Tokenizer(tokenizer_path)
     out = []
     for text in texts:
-        ids = tok.encode_batch([text])[0]
+        ids = [int(i) for i in tok.encode_batch([text])[0]]
         if ids and append_eod:
             ids.append(tok.eod_id)
         out.append(ids)

@@ -24,7 +24,6 @@ from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
-from itertools import chain
 from pathlib import Path
 
 import numpy as np
@@ -125,15 +124,23 @@ def encode_documents(tokenizer: Tokenizer, texts: list[str], append_eod: bool
     EOD is appended only to non-empty documents, as Megatron's preprocessing does: an empty
     document stays empty and later repeats its boundary in the index.
     """
-    ids = tokenizer.encode_batch(texts)
-    if append_eod:
-        eod = tokenizer.eod_id
-        for doc in ids:
-            if doc:
-                doc.append(eod)
+    ids = tokenizer.encode_batch(texts)  # one int32 array per text
     lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
-    tokens = np.fromiter(chain.from_iterable(ids), dtype=tokenizer.token_dtype,
-                         count=int(lengths.sum()))
+    if append_eod:
+        lengths += lengths > 0
+    tokens = np.empty(int(lengths.sum()), dtype=tokenizer.token_dtype)
+    if not ids:
+        return tokens, lengths
+    if append_eod:
+        # the EOD slots are the last position of each non-empty document; the ids fill the
+        # rest in order (and are cast to the token dtype: every id is below the vocab size)
+        eod_positions = np.cumsum(lengths)[lengths > 0] - 1
+        is_text = np.ones(len(tokens), dtype=bool)
+        is_text[eod_positions] = False
+        tokens[is_text] = np.concatenate(ids)
+        tokens[eod_positions] = tokenizer.eod_id
+    else:
+        tokens[:] = np.concatenate(ids)
     return tokens, lengths
 
 
