@@ -3,6 +3,13 @@
 This package must not import torch: data jobs run on CPU-only machines without it.
 """
 
+from bloomline.dataprep.gpt_samples import (
+    GPTSampleDataset,
+    SampleIndex,
+    build_sample_index,
+    parse_split,
+    split_sequence_ranges,
+)
 from bloomline.dataprep.indexed_dataset import (
     CorruptTokenFileError,
     IndexedDataset,
@@ -15,11 +22,16 @@ from bloomline.dataprep.tokenizer import Tokenizer, train_tokenizer
 
 __all__ = [
     "CorruptTokenFileError",
+    "GPTSampleDataset",
     "IndexedDataset",
     "IndexedDatasetWriter",
+    "SampleIndex",
     "TokenizeSummary",
     "Tokenizer",
+    "build_sample_index",
     "merge_indexed_datasets",
+    "parse_split",
+    "split_sequence_ranges",
     "token_dtype_for_vocab",
     "tokenize_corpus",
     "train_tokenizer",

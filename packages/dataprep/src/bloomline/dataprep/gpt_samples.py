@@ -1,0 +1,217 @@
+"""Fixed-length samples of one token file in Megatron's order (``GPTDataset``), and splits.
+
+Mental model (``shared/specs/megatron-data.md`` sections 2 and 3)::
+
+    split "969,30,1" -> contiguous ranges of sequence ids (train / valid / test)
+    sequence ids of a split, E epochs -> document index (ids tiled E times, shuffled)
+    document index -> sample index: where each sample of L+1 tokens starts (doc position, offset)
+    sample index -> shuffle index: the order in which samples are served
+
+Everything is a pure function of (sequence lengths, split, L, requested samples, seed), drawn
+from one ``numpy.random.RandomState(seed)`` in Megatron's order, so the indices are identical
+to megatron-core's. Unlike Megatron's builder, the document index costs 4 bytes per (epoch,
+document) and the sample index is computed in closed form with numpy, not in a C++ loop.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from bloomline.common.errors import UserError
+from bloomline.dataprep.indexed_dataset import IndexedDataset
+
+__all__ = [
+    "SPLIT_NAMES",
+    "GPTSampleDataset",
+    "SampleIndex",
+    "build_sample_index",
+    "parse_split",
+    "split_sequence_ranges",
+]
+
+SPLIT_NAMES = ("train", "valid", "test")
+# Megatron builds the last epoch's samples apart when fewer than this share of an epoch is
+# needed from it, so that a partial last epoch is not mixed into the global shuffle.
+_SEPARATE_LAST_EPOCH_THRESHOLD = 0.80
+
+
+def parse_split(split: str) -> tuple[float, float, float]:
+    """``"969,30,1"`` -> normalized (train, valid, test) weights, padded with zeros.
+
+    Raises:
+        UserError: naming ``--split`` for anything but one to three non-negative numbers with
+            a positive sum.
+    """
+    usage = f"--split {split!r}: expected up to three non-negative numbers, e.g. 969,30,1"
+    try:
+        values = [float(part) for part in split.split(",")]
+    except ValueError:
+        raise UserError(usage) from None
+    if not 1 <= len(values) <= 3 or any(not math.isfinite(v) or v < 0 for v in values):
+        raise UserError(usage)
+    if sum(values) <= 0:
+        raise UserError(f"--split {split!r}: the weights must not all be zero")
+    values += [0.0] * (3 - len(values))
+    weights = np.array(values, dtype=np.float64)
+    return tuple((weights / weights.sum()).tolist())
+
+
+def split_sequence_ranges(num_sequences: int, weights: tuple[float, ...]
+                          ) -> dict[str, range]:
+    """The contiguous sequence ids of each split with a non-zero weight.
+
+    Bookends are cumulative sums in float64, in order, and ``round`` is Python's (half to
+    even), exactly as megatron-core computes them: a different rounding would move a sequence
+    from one split to another.
+    """
+    bounds = [0.0]
+    for weight in weights:
+        bounds.append(bounds[-1] + weight)
+    ranges = {}
+    for name, lo, hi in zip(SPLIT_NAMES, bounds[:-1], bounds[1:], strict=False):
+        if hi > lo:
+            ranges[name] = range(int(round(lo * float(num_sequences))),
+                                 int(round(hi * float(num_sequences))))
+    return ranges
+
+
+@dataclass(frozen=True)
+class SampleIndex:
+    """The three indices of one dataset split (see the module docstring).
+
+    Attributes:
+        document_index: int32 sequence ids, ``num_epochs`` times each, shuffled.
+        sample_index: ``(num_built + 1, 2)``: row j is (position in ``document_index``, token
+            offset) where sample j starts; sample j ends on the first token of sample j + 1.
+        shuffle_index: the order in which built samples are served.
+    """
+
+    document_index: np.ndarray
+    sample_index: np.ndarray
+    shuffle_index: np.ndarray
+    num_epochs: int
+    num_tokens_per_epoch: int
+    separate_last_epoch: bool
+
+    def __len__(self) -> int:
+        return len(self.shuffle_index)
+
+
+def _num_epochs(num_tokens_per_epoch: int, seq_length: int, num_samples: int | None,
+                extra: int) -> int:
+    if num_samples is None:
+        return 1
+    # exact integers: Megatron's loop is equivalent, its float sample counts are not
+    requested = num_samples * seq_length + extra
+    return max(1, -(-requested // num_tokens_per_epoch))
+
+
+def _document_index(sequence_ids: np.ndarray, num_epochs: int, rng: np.random.RandomState,
+                    separate_last_epoch: bool) -> np.ndarray:
+    if not separate_last_epoch or num_epochs == 1:
+        # int32 tiles: 4 bytes per (epoch, document), where Megatron's mgrid costs 16
+        index = np.tile(sequence_ids.astype(np.int32), num_epochs)
+        rng.shuffle(index)
+        return index
+    first = _document_index(sequence_ids, num_epochs - 1, rng, False)
+    last = _document_index(sequence_ids, 1, rng, False)
+    return np.concatenate((first, last))
+
+
+def _sample_starts(sequence_lengths: np.ndarray, document_index: np.ndarray, seq_length: int,
+                   num_built: int) -> np.ndarray:
+    """Closed form of Megatron's ``build_sample_idx``: sample j starts at token j * L."""
+    lengths = sequence_lengths[document_index].astype(np.int64)  # along the document index
+    ends = np.cumsum(lengths)  # exclusive end of each position, in tokens
+    starts = np.arange(num_built + 1, dtype=np.int64) * seq_length
+    position = np.searchsorted(ends, starts, side="right")
+    offset = starts - (ends[position] - lengths[position])
+    fits = max(int(position[-1]), int(offset.max())) <= np.iinfo(np.int32).max
+    return np.stack([position, offset], axis=1).astype(np.int32 if fits else np.int64)
+
+
+def _shuffle_index(num_first: int, total: int, rng: np.random.RandomState) -> np.ndarray:
+    dtype = np.uint32 if total < np.iinfo(np.uint32).max - 1 else np.int64
+    first = np.arange(num_first, dtype=dtype)
+    rng.shuffle(first)
+    if num_first == total:
+        return first
+    last = np.arange(num_first, total, dtype=dtype)
+    rng.shuffle(last)
+    return np.concatenate((first, last))
+
+
+def build_sample_index(sequence_lengths: np.ndarray, sequence_ids: np.ndarray | range,
+                       seq_length: int, num_samples: int | None, seed: int,
+                       add_extra_token: bool = True) -> SampleIndex:
+    """Megatron's GPTDataset indices for the given sequences (one split of one dataset).
+
+    Args:
+        sequence_lengths: token count of every sequence of the file.
+        sequence_ids: the split's sequence ids.
+        seq_length: L; samples are L + 1 tokens with ``add_extra_token``.
+        num_samples: samples requested (None: one epoch). More are built (the last epoch is
+            filled), never fewer.
+        seed: the RandomState seed.
+
+    Raises:
+        UserError: when L < 1 or the split holds too few tokens for one sample.
+    """
+    if seq_length < 1:
+        raise UserError(f"--seq-length {seq_length}: must be at least 1")
+    extra = int(add_extra_token)
+    sequence_ids = np.asarray(sequence_ids, dtype=np.int64)
+    tokens_per_epoch = int(np.asarray(sequence_lengths)[sequence_ids].sum(dtype=np.int64))
+    if tokens_per_epoch < seq_length + extra:
+        raise UserError(f"split of {len(sequence_ids)} sequences holds {tokens_per_epoch} "
+                        f"tokens, too few for one sample of {seq_length + extra}; lower "
+                        "--seq-length or give the split a larger share")
+    num_epochs = _num_epochs(tokens_per_epoch, seq_length, num_samples, extra)
+    num_built = (num_epochs * tokens_per_epoch - extra) // seq_length
+    separate = False
+    num_before_last = num_built
+    if num_epochs > 1:
+        num_before_last = ((num_epochs - 1) * tokens_per_epoch - extra) // seq_length
+        per_epoch = (tokens_per_epoch - extra) // seq_length
+        separate = (num_samples - num_before_last
+                    < int(_SEPARATE_LAST_EPOCH_THRESHOLD * per_epoch))
+    rng = np.random.RandomState(seed)
+    document_index = _document_index(sequence_ids, num_epochs, rng, separate)
+    sample_index = _sample_starts(np.asarray(sequence_lengths), document_index, seq_length,
+                                  num_built)
+    shuffle_index = _shuffle_index(num_before_last if separate else num_built, num_built, rng)
+    return SampleIndex(document_index, sample_index, shuffle_index, num_epochs,
+                       tokens_per_epoch, separate)
+
+
+class GPTSampleDataset:
+    """Samples of L + 1 tokens of one token file, served in shuffle order.
+
+    ``ds[i]`` is an int64 array: tokens from the start of sample ``shuffle_index[i]`` through
+    the first token of the next one, across document boundaries, as Megatron's GPTDataset
+    reads them.
+    """
+
+    def __init__(self, dataset: IndexedDataset, index: SampleIndex,
+                 add_extra_token: bool = True) -> None:
+        self.dataset = dataset
+        self.index = index
+        self.extra = int(add_extra_token)
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        j = int(self.index.shuffle_index[i])
+        (first, first_offset), (last, last_offset) = self.index.sample_index[j : j + 2].tolist()
+        docs = self.index.document_index
+        if first == last:
+            return self.dataset.get(int(docs[first]), first_offset,
+                                    last_offset - first_offset + self.extra).astype(np.int64)
+        parts = [self.dataset.get(int(docs[first]), first_offset)]
+        parts += [self.dataset[int(docs[k])] for k in range(first + 1, last)]
+        parts.append(self.dataset.get(int(docs[last]), 0, last_offset + self.extra))
+        return np.concatenate(parts).astype(np.int64)
