@@ -122,13 +122,31 @@ def _document_index(sequence_ids: np.ndarray, num_epochs: int, rng: np.random.Ra
 
 
 def _sample_starts(sequence_lengths: np.ndarray, document_index: np.ndarray, seq_length: int,
-                   num_built: int) -> np.ndarray:
-    """Closed form of Megatron's ``build_sample_idx``: sample j starts at token j * L."""
-    lengths = sequence_lengths[document_index].astype(np.int64)  # along the document index
-    ends = np.cumsum(lengths)  # exclusive end of each position, in tokens
-    starts = np.arange(num_built + 1, dtype=np.int64) * seq_length
-    position = np.searchsorted(ends, starts, side="right")
-    offset = starts - (ends[position] - lengths[position])
+                   num_built: int, block: int = 1 << 24) -> np.ndarray:
+    """Closed form of Megatron's ``build_sample_idx``: sample j starts at token j * L.
+
+    Row j = (k, j * L - tokens before position k) where position k of the document index
+    holds token j * L. The document index is walked in blocks, so the int64 temporaries
+    (lengths and cumulative ends) cost 16 bytes per block entry, not per (epoch, document).
+    """
+    num_rows = num_built + 1
+    position = np.empty(num_rows, dtype=np.int64)
+    offset = np.empty(num_rows, dtype=np.int64)
+    done = 0  # rows placed so far
+    tokens_before = 0  # tokens in the blocks already walked
+    for block_start in range(0, len(document_index), block):
+        lengths = sequence_lengths[document_index[block_start : block_start + block]]
+        lengths = lengths.astype(np.int64)
+        ends = np.cumsum(lengths) + tokens_before  # exclusive end of each position, in tokens
+        tokens_before = int(ends[-1])
+        upto = min(num_rows, (tokens_before - 1) // seq_length + 1)  # rows starting in here
+        starts = np.arange(done, upto, dtype=np.int64) * seq_length
+        k = np.searchsorted(ends, starts, side="right")
+        position[done:upto] = block_start + k
+        offset[done:upto] = starts - (ends[k] - lengths[k])
+        done = upto
+        if done == num_rows:
+            break
     fits = max(int(position[-1]), int(offset.max())) <= np.iinfo(np.int32).max
     return np.stack([position, offset], axis=1).astype(np.int32 if fits else np.int64)
 
