@@ -21,7 +21,8 @@ def _assert_clean_failure(result, message, out_dir):
     assert message in lines[0], lines[0]
     assert "Traceback" not in result.stderr
     # nothing half-written: no output pair, no hidden scratch or temporary files
-    assert [p.name for p in out_dir.iterdir()] == [] if out_dir.exists() else True
+    if out_dir.exists():
+        assert [p.name for p in out_dir.iterdir()] == []
 
 
 BAD_LINES = {
