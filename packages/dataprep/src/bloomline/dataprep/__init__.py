@@ -3,6 +3,12 @@
 This package must not import torch: data jobs run on CPU-only machines without it.
 """
 
+from bloomline.dataprep.build_index import (
+    BlendedSampleDataset,
+    BuiltIndex,
+    IndexRequest,
+    build_sample_datasets,
+)
 from bloomline.dataprep.gpt_samples import (
     GPTSampleDataset,
     SampleIndex,
@@ -21,6 +27,10 @@ from bloomline.dataprep.pipeline import TokenizeSummary, tokenize_corpus
 from bloomline.dataprep.tokenizer import Tokenizer, train_tokenizer
 
 __all__ = [
+    "BlendedSampleDataset",
+    "BuiltIndex",
+    "IndexRequest",
+    "build_sample_datasets",
     "CorruptTokenFileError",
     "GPTSampleDataset",
     "IndexedDataset",

@@ -105,6 +105,44 @@ def merge(
                f"{merged.num_tokens:,} tokens")
 
 
+@app.command("build-index")
+def build_index(
+    corpus_dir: str = typer.Argument(..., help="Folder of NAME.bin/.idx token files (all used)."),
+    seq_length: int = typer.Option(..., help="L: tokens per sample (samples hold L+1)."),
+    train_samples: int = typer.Option(..., help="Training samples to serve."),
+    valid_samples: int = typer.Option(
+        None, help="Validation samples (default: one epoch of the valid split)."),
+    test_samples: int = typer.Option(
+        None, help="Test samples (default: one epoch of the test split)."),
+    split: str = typer.Option("969,30,1", help="train,valid,test shares of each dataset."),
+    seed: int = typer.Option(1234, help="Seed of the shuffles (Megatron's --seed)."),
+    weight: list[str] = typer.Option(
+        None, help="NAME=W blend weight, one per dataset (default: by size, one epoch each)."),
+    cache_dir: str = typer.Option(None, help="Index cache (default: CORPUS_DIR/.index)."),
+    surplus: float = typer.Option(
+        0.005, help="Extra share of samples built per blended dataset (Megatron's "
+        "mid_level_dataset_surplus)."),
+    json_output: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+) -> None:
+    """Build (or reuse) Megatron-identical sample indices and blends for every split."""
+    import json
+
+    from bloomline.dataprep.build_index import (
+        IndexRequest,
+        build_sample_datasets,
+        format_report,
+        parse_weights,
+    )
+
+    request = IndexRequest(
+        seq_length=seq_length, train_samples=train_samples, valid_samples=valid_samples,
+        test_samples=test_samples, split=split, seed=seed,
+        weights=parse_weights(weight) if weight else None, surplus=surplus)
+    built = build_sample_datasets(corpus_dir, request, cache_dir=cache_dir)
+    typer.echo(json.dumps(built.report, indent=1) if json_output else
+               format_report(built.report))
+
+
 def main() -> None:
     """Console entry point: user errors become one line on stderr and exit code 1."""
     exit_on_user_error(lambda: app(prog_name="dataprep"))

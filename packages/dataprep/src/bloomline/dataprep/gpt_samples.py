@@ -112,8 +112,10 @@ def _num_epochs(num_tokens_per_epoch: int, seq_length: int, num_samples: int | N
 def _document_index(sequence_ids: np.ndarray, num_epochs: int, rng: np.random.RandomState,
                     separate_last_epoch: bool) -> np.ndarray:
     if not separate_last_epoch or num_epochs == 1:
-        # int32 tiles: 4 bytes per (epoch, document), where Megatron's mgrid costs 16
-        index = np.tile(sequence_ids.astype(np.int32), num_epochs)
+        # int32 tiles: 4 bytes per (epoch, document), where Megatron's mgrid costs 16;
+        # int64 only for a file of more than 2**31 sequences, where int32 cannot hold the ids
+        fits = len(sequence_ids) == 0 or sequence_ids[-1] <= np.iinfo(np.int32).max
+        index = np.tile(sequence_ids.astype(np.int32 if fits else np.int64), num_epochs)
         rng.shuffle(index)
         return index
     first = _document_index(sequence_ids, num_epochs - 1, rng, False)

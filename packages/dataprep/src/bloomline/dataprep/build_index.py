@@ -1,0 +1,362 @@
+"""``dataprep build-index``: the sample datasets of a corpus folder, per split, in Megatron order.
+
+Mental model::
+
+    CORPUS_DIR/NAME.bin/.idx (all of them, by name)
+      -> per dataset and split: GPTDataset indices (gpt_samples), cached
+      -> per split, when there are several datasets: blend indices (blending), cached
+      -> per split: one sample dataset, ds[i] = L+1 int64 tokens
+
+Which sample counts are built follows megatron-core's ``BlendedMegatronDatasetBuilder``:
+
+* one dataset: no blend; the split's dataset is built for the requested samples;
+* weights given: dataset d is built for ``ceil(ceil(N * w_d) * (1 + surplus))`` samples and
+  the blend has ``sum(ceil(N * w_d))``;
+* no weights: each dataset is built for one epoch and weighted by its sample count; the blend
+  has ``min(N, sum of counts)`` samples, or all of them (exhaustive) when N is not given.
+
+A split whose sample count is not given (valid and test by default) is built for one epoch of
+each dataset, which is what evaluation on "the whole valid split" means.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from bloomline.common.errors import UserError
+from bloomline.dataprep.blending import (
+    MAX_DATASETS,
+    blend_component_sizes,
+    build_blend_indices,
+    build_exhaustive_blend_indices,
+    normalize_weights,
+)
+from bloomline.dataprep.gpt_samples import (
+    SPLIT_NAMES,
+    GPTSampleDataset,
+    SampleIndex,
+    build_sample_index,
+    parse_split,
+    split_sequence_ranges,
+)
+from bloomline.dataprep.index_cache import CacheEntry, cached_arrays, file_identity
+from bloomline.dataprep.indexed_dataset import IndexedDataset
+
+__all__ = [
+    "DEFAULT_SURPLUS",
+    "BlendedSampleDataset",
+    "BuiltIndex",
+    "IndexRequest",
+    "build_sample_datasets",
+    "find_datasets",
+    "format_report",
+    "parse_weights",
+]
+
+# megatron-core's mid_level_dataset_surplus: each dataset of a blend is built for this much
+# more than the blend takes from it
+DEFAULT_SURPLUS = 0.005
+
+
+@dataclass(frozen=True)
+class IndexRequest:
+    """Everything the sample order depends on, besides the token files themselves."""
+
+    seq_length: int
+    train_samples: int | None
+    valid_samples: int | None = None
+    test_samples: int | None = None
+    split: str = "969,30,1"
+    seed: int = 1234
+    weights: dict[str, float] | None = None
+    surplus: float = DEFAULT_SURPLUS
+    add_extra_token: bool = True
+
+    def samples(self, split: str) -> int | None:
+        return {"train": self.train_samples, "valid": self.valid_samples,
+                "test": self.test_samples}[split]
+
+
+class BlendedSampleDataset:
+    """Samples of several datasets interleaved by the blend indices.
+
+    ``ds[i]`` is sample ``dataset_sample_index[i]`` of dataset ``dataset_index[i]``;
+    :meth:`source` says which.
+    """
+
+    def __init__(self, datasets: list[GPTSampleDataset], names: list[str],
+                 dataset_index: np.ndarray, dataset_sample_index: np.ndarray) -> None:
+        self.datasets = datasets
+        self.names = names
+        self.dataset_index = dataset_index
+        self.dataset_sample_index = dataset_sample_index
+
+    def __len__(self) -> int:
+        return len(self.dataset_index)
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return self.datasets[self.dataset_index[i]][int(self.dataset_sample_index[i])]
+
+    def source(self, i: int) -> tuple[int, int]:
+        """(dataset number in ``names``, sample number within that dataset) of sample i."""
+        return int(self.dataset_index[i]), int(self.dataset_sample_index[i])
+
+
+@dataclass
+class BuiltIndex:
+    """The sample dataset of each split present, and the report of how they were made."""
+
+    splits: dict[str, GPTSampleDataset | BlendedSampleDataset]
+    report: dict = field(default_factory=dict)
+
+
+def find_datasets(corpus_dir: str | os.PathLike) -> dict[str, IndexedDataset]:
+    """Every ``NAME.idx`` (with its ``.bin``) in the folder, by name.
+
+    Raises:
+        UserError: when the folder is missing, holds no ``.idx``, or their token dtypes
+            differ (samples of a blend would not share one dtype).
+    """
+    corpus_dir = Path(corpus_dir)
+    if not corpus_dir.is_dir():
+        raise UserError(f"{corpus_dir}: not a folder (expected a folder of NAME.bin/.idx)")
+    datasets = {path.stem: IndexedDataset(path) for path in sorted(corpus_dir.glob("*.idx"))}
+    if not datasets:
+        raise UserError(f"{corpus_dir}: no .idx files (run `dataprep tokenize` first)")
+    if len(datasets) > MAX_DATASETS:
+        raise UserError(f"{corpus_dir}: {len(datasets)} datasets; a blend takes at most "
+                        f"{MAX_DATASETS}")
+    first_name, first = next(iter(datasets.items()))
+    for name, dataset in datasets.items():
+        if dataset.dtype != first.dtype:
+            raise UserError(f"{dataset.idx_path}: tokens are {dataset.dtype}, but "
+                            f"{first.idx_path} holds {first.dtype}; datasets of one corpus "
+                            "must come from one tokenizer")
+    return datasets
+
+
+def parse_weights(values: list[str]) -> dict[str, float]:
+    """``["wiki=0.3", "code=0.7"]`` -> ``{"wiki": 0.3, "code": 0.7}``."""
+    weights: dict[str, float] = {}
+    for value in values:
+        name, sep, text = value.partition("=")
+        if not sep or not name:
+            raise UserError(f"--weight {value!r}: expected NAME=WEIGHT, e.g. wiki=0.3")
+        try:
+            weight = float(text)
+        except ValueError:
+            raise UserError(f"--weight {value!r}: {text!r} is not a number") from None
+        if not math.isfinite(weight) or weight <= 0:
+            raise UserError(f"--weight {value!r}: the weight must be a positive number")
+        if name in weights:
+            raise UserError(f"--weight {value!r}: {name!r} is weighted twice")
+        weights[name] = weight
+    return weights
+
+
+def _check_request(request: IndexRequest, names: list[str]) -> None:
+    if request.seq_length < 1:
+        raise UserError(f"--seq-length {request.seq_length}: must be at least 1")
+    for split in SPLIT_NAMES:
+        samples = request.samples(split)
+        if samples is not None and samples < 1:
+            raise UserError(f"--{split}-samples {samples}: must be at least 1")
+    if not (request.surplus >= 0 and math.isfinite(request.surplus)):
+        raise UserError(f"--surplus {request.surplus}: must be a non-negative number")
+    if request.weights is None:
+        return
+    unknown = sorted(set(request.weights) - set(names))
+    if unknown:
+        raise UserError(f"--weight {unknown[0]}=...: no dataset {unknown[0]!r} in the corpus "
+                        f"(it has: {', '.join(names)})")
+    missing = [name for name in names if name not in request.weights]
+    if missing and len(names) > 1:
+        raise UserError(f"--weight: every dataset needs a weight when any has one; missing: "
+                        f"{', '.join(missing)}")
+
+
+def build_sample_datasets(corpus_dir: str | os.PathLike, request: IndexRequest,
+                          cache_dir: str | os.PathLike | None = None) -> BuiltIndex:
+    """Build (or load from the cache) the sample dataset of every split.
+
+    Safe to call from every rank at once: one process builds each index, the others wait
+    for it and memory-map the result (see :mod:`bloomline.dataprep.index_cache`).
+
+    Raises:
+        UserError: naming the option or file at fault.
+    """
+    corpus_dir = Path(corpus_dir)
+    datasets = find_datasets(corpus_dir)
+    names = list(datasets)
+    _check_request(request, names)
+    cache_dir = Path(cache_dir) if cache_dir is not None else corpus_dir / ".index"
+    split_weights = parse_split(request.split)
+    identities = {name: file_identity(ds.idx_path) for name, ds in datasets.items()}
+    blend = len(names) > 1
+    weights = None
+    if blend and request.weights is not None:
+        weights = normalize_weights([request.weights[name] for name in names])
+    splits: dict = {}
+    report = {
+        "corpus": str(corpus_dir), "cache_dir": str(cache_dir),
+        "seq_length": request.seq_length, "seed": request.seed, "split": request.split,
+        "add_extra_token": request.add_extra_token, "surplus": request.surplus,
+        "splits": {},
+    }
+    for split in SPLIT_NAMES:
+        requested = request.samples(split)
+        ranges = {name: split_sequence_ranges(len(ds), split_weights).get(split)
+                  for name, ds in datasets.items()}
+        if all(r is None for r in ranges.values()):
+            continue  # zero share in --split
+        if weights is not None and requested is not None:
+            per_dataset = blend_component_sizes(weights.tolist(), requested, request.surplus)
+        elif blend:
+            per_dataset = [None] * len(names)  # one epoch each
+        else:
+            per_dataset = [requested]
+        components, entries = [], []
+        for name, num_samples in zip(names, per_dataset, strict=True):
+            entry = _gpt_entry(cache_dir, name, datasets[name], identities[name], split,
+                               ranges[name], num_samples, request)
+            components.append(GPTSampleDataset(datasets[name], _sample_index(entry),
+                                               request.add_extra_token))
+            entries.append(entry)
+        split_report = {"requested": requested, "datasets": {}}
+        if not blend:
+            splits[split] = components[0]
+        else:
+            blend_entry = _blend_entry(cache_dir, split, names, components, entries, weights,
+                                       requested, request)
+            splits[split] = BlendedSampleDataset(
+                components, names, blend_entry.arrays["dataset_index"],
+                blend_entry.arrays["dataset_sample_index"])
+            split_report["blend"] = {"cache": str(blend_entry.path),
+                                     "status": blend_entry.status,
+                                     **blend_entry.metadata}
+        split_report["samples"] = len(splits[split])
+        for position, (name, entry) in enumerate(zip(names, entries, strict=True)):
+            row = {"cache": str(entry.path), "status": entry.status, **entry.metadata,
+                   "samples": len(components[position])}
+            if blend:
+                row["used"] = split_report["blend"]["counts"][position]
+                row["weight"] = split_report["blend"]["weights"][position]
+                row["realized"] = row["used"] / max(1, split_report["samples"])
+            split_report["datasets"][name] = row
+        report["splits"][split] = split_report
+    return BuiltIndex(splits, report)
+
+
+def _gpt_entry(cache_dir: Path, name: str, dataset: IndexedDataset, identity: str, split: str,
+               sequence_range: range | None, num_samples: int | None,
+               request: IndexRequest) -> CacheEntry:
+    if sequence_range is None or len(sequence_range) == 0:
+        raise UserError(f"{dataset.idx_path}: the {split} split ({request.split}) gets none of "
+                        f"its {len(dataset)} sequences; give the split a larger share or "
+                        "add data")
+    description = {
+        "kind": "gpt", "idx": identity, "bin_bytes": dataset.bin_path.stat().st_size,
+        "split": split, "sequences": [sequence_range.start, sequence_range.stop],
+        "seq_length": request.seq_length, "num_samples": num_samples, "seed": request.seed,
+        "add_extra_token": request.add_extra_token,
+    }
+
+    def build():
+        try:
+            index = build_sample_index(dataset.sequence_lengths, sequence_range,
+                                       request.seq_length, num_samples, request.seed,
+                                       request.add_extra_token)
+        except UserError as error:
+            raise UserError(f"{dataset.idx_path}: {split} split: {error}") from None
+        arrays = {"document_index": index.document_index, "sample_index": index.sample_index,
+                  "shuffle_index": index.shuffle_index}
+        metadata = {"documents": len(sequence_range), "tokens": index.num_tokens_per_epoch,
+                    "epochs": index.num_epochs, "requested": num_samples,
+                    "separate_last_epoch": index.separate_last_epoch}
+        return arrays, metadata
+
+    return cached_arrays(cache_dir, f"gpt-{split}-{name}", description, build)
+
+
+def _sample_index(entry: CacheEntry) -> SampleIndex:
+    meta = entry.metadata
+    return SampleIndex(entry.arrays["document_index"], entry.arrays["sample_index"],
+                       entry.arrays["shuffle_index"], meta["epochs"], meta["tokens"],
+                       meta["separate_last_epoch"])
+
+
+def _blend_entry(cache_dir: Path, split: str, names: list[str],
+                 components: list[GPTSampleDataset], entries: list[CacheEntry],
+                 weights: np.ndarray | None, requested: int | None,
+                 request: IndexRequest) -> CacheEntry:
+    lengths = [len(component) for component in components]
+    if weights is not None and requested is not None:
+        size = sum(blend_component_sizes(weights.tolist(), requested))
+        blend_weights = weights
+    else:
+        # no weights (or no count for this split): each dataset once, in proportion to size
+        size = None if requested is None else min(requested, sum(lengths))
+        blend_weights = normalize_weights(lengths)
+    description = {
+        "kind": "blend", "split": split, "components": [e.path.name for e in entries],
+        "weights": blend_weights.tolist(), "size": size,
+    }
+
+    def build():
+        if size is None:
+            dataset_index, dataset_sample_index = build_exhaustive_blend_indices(lengths)
+        else:
+            dataset_index, dataset_sample_index = build_blend_indices(blend_weights, size)
+        counts = np.bincount(dataset_index, minlength=len(names)).tolist()
+        for name, count, length in zip(names, counts, lengths, strict=True):
+            if count > length:
+                raise UserError(
+                    f"--weight {name}: the {split} blend draws {count} samples from {name!r} "
+                    f"but its index holds {length}; raise --surplus (now {request.surplus}), "
+                    f"e.g. to {max(0.05, 10 * request.surplus):g}")
+        arrays = {"dataset_index": dataset_index, "dataset_sample_index": dataset_sample_index}
+        metadata = {"size": len(dataset_index), "counts": counts,
+                    "weights": blend_weights.tolist(), "exhaustive": size is None}
+        return arrays, metadata
+
+    return cached_arrays(cache_dir, f"blend-{split}", description, build)
+
+
+def format_report(report: dict) -> str:
+    """The report as a few aligned lines per split, for people (``--json`` is for scripts)."""
+    lines = [f"{report['corpus']}: L={report['seq_length']} seed={report['seed']} "
+             f"split={report['split']} cache={report['cache_dir']}"]
+    for split, info in report["splits"].items():
+        requested = info["requested"]
+        head = f"{split}: {info['samples']:,} samples"
+        head += " (one epoch of each dataset)" if requested is None else (
+            f" (requested {requested:,})")
+        if requested is not None and info["samples"] < requested:
+            head += f"; SHORT by {requested - info['samples']:,}: no weights, one epoch each"
+        if "blend" in info:
+            head += f"; blend {info['blend']['status']} {info['blend']['cache']}"
+        lines.append(head)
+        columns = ["dataset", "documents", "tokens", "epochs", "samples", "sep.last"]
+        blend = "blend" in info
+        if blend:
+            columns += ["used", "weight", "realized"]
+        columns.append("index")
+        rows = [columns]
+        for name, row in info["datasets"].items():
+            cells = [name, f"{row['documents']:,}", f"{row['tokens']:,}", str(row["epochs"]),
+                     f"{row['samples']:,}", "yes" if row["separate_last_epoch"] else "no"]
+            if blend:
+                cells += [f"{row['used']:,}", f"{row['weight']:.4f}", f"{row['realized']:.4f}"]
+            cells.append(f"{row['status']} {Path(row['cache']).name}")
+            rows.append(cells)
+        widths = [max(len(r[i]) for r in rows) for i in range(len(columns))]
+        for r in rows:
+            lines.append("  " + "  ".join(
+                cell.ljust(width) if i in (0, len(columns) - 1) else cell.rjust(width)
+                for i, (cell, width) in enumerate(zip(r, widths, strict=True))).rstrip())
+    return "\n".join(lines)
