@@ -131,8 +131,8 @@ def find_datasets(corpus_dir: str | os.PathLike) -> dict[str, IndexedDataset]:
     if len(datasets) > MAX_DATASETS:
         raise UserError(f"{corpus_dir}: {len(datasets)} datasets; a blend takes at most "
                         f"{MAX_DATASETS}")
-    first_name, first = next(iter(datasets.items()))
-    for name, dataset in datasets.items():
+    first = next(iter(datasets.values()))
+    for dataset in datasets.values():
         if dataset.dtype != first.dtype:
             raise UserError(f"{dataset.idx_path}: tokens are {dataset.dtype}, but "
                             f"{first.idx_path} holds {first.dtype}; datasets of one corpus "

@@ -6,11 +6,11 @@ dtype. HASH is a hash of that description, so any change of input (a rewritten `
 different seed, L, split, sample count, weight or extra-token setting) names another entry.
 
 Concurrency: a reader first tries the entry without locking (the common, all-ranks case).
-If it is missing or invalid, the reader takes an exclusive ``flock`` on ``.locks/KIND-SPLIT-HASH.lock``
-and looks again: the first process to get the lock builds the arrays in a hidden scratch
-folder and renames the whole folder into place (atomic), the others wait on the lock and then
-find the finished entry and memory-map it. A node without a shared filesystem builds its own
-copy, which is identical because the build is deterministic.
+If it is missing or invalid, the reader takes an exclusive ``flock`` on
+``.locks/KIND-SPLIT-HASH.lock`` and looks again: the first process to get the lock builds
+the arrays in a hidden scratch folder and renames the whole folder into place (atomic); the
+others wait on the lock, then find the finished entry and memory-map it. A node without a
+shared filesystem builds its own copy, identical because the build is deterministic.
 """
 
 from __future__ import annotations
