@@ -108,7 +108,10 @@ def _guess_counts(weights: np.ndarray, positions: np.ndarray,
 
 def _greedy(weights: np.ndarray, size: int, limits: np.ndarray | None
             ) -> tuple[np.ndarray, np.ndarray]:
-    lane_length = max(1, min(_LANE_LENGTH, size))
+    # long lanes amortize Python's per-step overhead over many samples, short ones keep small
+    # blends from paying for thousands of steps: about 20k (lane, dataset) cells per step
+    lane_length = int(np.clip(size * len(weights) // 20_000, 256, _LANE_LENGTH))
+    lane_length = max(1, min(lane_length, size))
     # padded to whole lanes so that each lane's range is one row of a (lanes, length) view
     padded = -(-size // lane_length) * lane_length
     dataset_index = np.empty(padded, dtype=np.int16)

@@ -201,6 +201,7 @@ def build_sample_datasets(corpus_dir: str | os.PathLike, request: IndexRequest,
     weights = None
     if blend and request.weights is not None:
         weights = normalize_weights([request.weights[name] for name in names])
+    ranges_by_split = _split_ranges(datasets, split_weights, request)
     splits: dict = {}
     report = {
         "corpus": str(corpus_dir), "cache_dir": str(cache_dir),
@@ -208,12 +209,8 @@ def build_sample_datasets(corpus_dir: str | os.PathLike, request: IndexRequest,
         "add_extra_token": request.add_extra_token, "surplus": request.surplus,
         "splits": {},
     }
-    for split in SPLIT_NAMES:
+    for split, ranges in ranges_by_split.items():
         requested = request.samples(split)
-        ranges = {name: split_sequence_ranges(len(ds), split_weights).get(split)
-                  for name, ds in datasets.items()}
-        if all(r is None for r in ranges.values()):
-            continue  # zero share in --split
         if weights is not None and requested is not None:
             per_dataset = blend_component_sizes(weights.tolist(), requested, request.surplus)
         elif blend:
@@ -252,13 +249,35 @@ def build_sample_datasets(corpus_dir: str | os.PathLike, request: IndexRequest,
     return BuiltIndex(splits, report)
 
 
+def _split_ranges(datasets: dict[str, IndexedDataset], split_weights: tuple[float, ...],
+                  request: IndexRequest) -> dict[str, dict[str, range]]:
+    """Sequence ids of every (split, dataset), checked before anything is built: each must
+    hold at least one sample's worth of tokens."""
+    ranges_by_split: dict[str, dict[str, range]] = {}
+    for name, dataset in datasets.items():
+        for split, ids in split_sequence_ranges(len(dataset), split_weights).items():
+            ranges_by_split.setdefault(split, {})[name] = ids
+    needed = request.seq_length + int(request.add_extra_token)
+    for split, ranges in ranges_by_split.items():
+        for name, dataset in datasets.items():
+            ids = ranges.get(name)
+            if ids is None or len(ids) == 0:
+                raise UserError(
+                    f"{dataset.idx_path}: the {split} split ({request.split}) gets none of "
+                    f"its {len(dataset)} sequences; give the split a larger share or add data")
+            tokens = int(dataset.sequence_lengths[ids.start : ids.stop].sum(dtype=np.int64))
+            if tokens < needed:
+                raise UserError(
+                    f"{dataset.idx_path}: {split} split: {len(ids)} sequences hold {tokens} "
+                    f"tokens, too few for one sample of {needed}; lower --seq-length or give "
+                    "the split a larger share")
+    # splits in train, valid, test order
+    return {split: ranges_by_split[split] for split in SPLIT_NAMES if split in ranges_by_split}
+
+
 def _gpt_entry(cache_dir: Path, name: str, dataset: IndexedDataset, identity: str, split: str,
-               sequence_range: range | None, num_samples: int | None,
+               sequence_range: range, num_samples: int | None,
                request: IndexRequest) -> CacheEntry:
-    if sequence_range is None or len(sequence_range) == 0:
-        raise UserError(f"{dataset.idx_path}: the {split} split ({request.split}) gets none of "
-                        f"its {len(dataset)} sequences; give the split a larger share or "
-                        "add data")
     description = {
         "kind": "gpt", "idx": identity, "bin_bytes": dataset.bin_path.stat().st_size,
         "split": split, "sequences": [sequence_range.start, sequence_range.stop],
