@@ -1,0 +1,128 @@
+"""`dataprep build-index` against megatron-core's BlendedMegatronDatasetBuilder (optional oracle).
+
+Runs when megatron-core is installed (`requirements-compat.txt`, installed by `make test`).
+"""
+
+from __future__ import annotations
+
+import socket
+import warnings
+
+import numpy as np
+import pytest
+
+from bloomline.dataprep import IndexedDatasetWriter, IndexRequest, build_sample_datasets
+
+
+class _Tokenizer:  # what GPTDatasetConfig needs of a tokenizer
+    eod, pad, vocab_size = 2, 3, 1000
+    unique_identifiers = {"name": "test"}
+
+
+@pytest.fixture(scope="module")
+def megatron():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        gpt = pytest.importorskip("megatron.core.datasets.gpt_dataset")
+        builder = pytest.importorskip(
+            "megatron.core.datasets.blended_megatron_dataset_builder")
+    import torch.distributed as dist
+
+    # the builder asks torch.distributed for the rank: a one-process gloo group
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0,
+                            world_size=1)
+    yield gpt, builder
+    dist.destroy_process_group()
+
+
+def _corpus(folder, sizes=(400, 150, 90)):
+    rng = np.random.default_rng(4)
+    for name, count in zip("abc", sizes, strict=False):
+        with IndexedDatasetWriter(folder / name, np.uint16) as writer:
+            for length in rng.integers(1, 70, size=count):
+                writer.add_document(rng.integers(4, 1000, size=int(length)))
+    return folder
+
+
+def _reference(megatron, folder, weights, sizes, seq_length, seed, split):
+    gpt, builder = megatron
+    config = gpt.GPTDatasetConfig(
+        random_seed=seed, sequence_length=seq_length, split=split,
+        blend=([str(folder / n) for n in "abc"], weights),
+        path_to_cache=str(folder / "mcore_cache"), tokenizer=_Tokenizer(),
+        reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return builder.BlendedMegatronDatasetBuilder(
+            gpt.GPTDataset, sizes, lambda: True, config).build()
+
+
+@pytest.mark.parametrize(("weights", "sizes"), [
+    ([0.5, 0.3, 0.2], [3000, 200, 50]),   # weighted, multi-epoch, surplus 0.005
+    ([1.0, 1.0, 7.0], [2000, 100, 10]),   # a small dataset repeated many times
+    (None, [900, 40, 10]),                # by size, one epoch each, truncated to N
+    (None, [10**6, None, None]),          # by size, exhaustive where no count is given
+])
+def test_blends_identical_to_megatron_core(tmp_path, megatron, weights, sizes):
+    """Catches: any difference from megatron-core in which dataset and which of its samples
+    each blend position serves, in any component's document/sample/shuffle index, or in the
+    tokens of the samples."""
+    folder = _corpus(tmp_path)
+    seq_length, seed, split = 16, 1234, "90,8,2"
+    reference = _reference(megatron, folder, weights, sizes, seq_length, seed, split)
+    request = IndexRequest(seq_length=seq_length, train_samples=sizes[0],
+                           valid_samples=sizes[1], test_samples=sizes[2], split=split,
+                           seed=seed,
+                           weights=None if weights is None else dict(zip("abc", weights,
+                                                                         strict=True)))
+    ours = build_sample_datasets(folder, request).splits
+    for number, name in enumerate(("train", "valid", "test")):
+        theirs, mine = reference[number], ours[name]
+        np.testing.assert_array_equal(mine.dataset_index, theirs.dataset_index, name)
+        np.testing.assert_array_equal(mine.dataset_sample_index, theirs.dataset_sample_index,
+                                      name)
+        for component, their_component in zip(mine.datasets, theirs.datasets, strict=True):
+            for field in ("document_index", "sample_index", "shuffle_index"):
+                np.testing.assert_array_equal(getattr(component.index, field),
+                                              getattr(their_component, field), field)
+        for i in range(0, len(mine), max(1, len(mine) // 40)):
+            d, s = mine.source(i)
+            expected, _ = theirs.datasets[d]._query_document_sample_shuffle_indices(s)
+            np.testing.assert_array_equal(mine[i], expected)
+
+
+def test_sample_count_is_exact_above_2_24_tokens(tmp_path, megatron):
+    """Catches: a sample count computed in 32-bit float. megatron-core computes
+    ceil(float(E*T - 1) / L) in C++ float when the last partial sample is kept; above 2**24
+    tokens float32 cannot hold the count and drops a sample. With its defaults (drop the
+    last partial sample) it uses integers, as we always do, so we agree there; the float path
+    is the one difference we allow, and we never take it."""
+    gpt, _ = megatron
+    from megatron.core.datasets.indexed_dataset import IndexedDataset as MegatronIndexed
+    from megatron.core.datasets.utils import Split
+
+    # T - 1 = 2**25 + 1 is not a float32 (its neighbours are 2**25 and 2**25 + 4)
+    tokens = 2**25 + 2
+    seq_length = 2**20
+    with IndexedDatasetWriter(tmp_path / "big", np.uint16) as writer:
+        writer.add_document(np.full(tokens, 7, dtype=np.uint16))
+    # the reference's keep-partial path: ceil(float(T - 1) / L) counts 32, the truth is 33
+    float32_ceil = int(np.ceil(np.float32(tokens - 1) / np.float32(seq_length)))
+    assert (float32_ceil, -(-(tokens - 1) // seq_length)) == (32, 33)
+    # the default path, ours and theirs: floor((T - 1) / L) in integers
+    exact = (tokens - 1) // seq_length
+    ours = build_sample_datasets(tmp_path, IndexRequest(seq_length=seq_length,
+                                                        train_samples=None, split="1"))
+    assert len(ours.splits["train"]) == exact == 32
+    config = gpt.GPTDatasetConfig(
+        random_seed=1, sequence_length=seq_length, split="1",
+        path_to_cache=str(tmp_path / "mcore"), tokenizer=_Tokenizer(),
+        reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = gpt.GPTDataset(MegatronIndexed(str(tmp_path / "big")), str(tmp_path / "big"),
+                                np.arange(1, dtype=np.int32), None, Split.train, config)
+    assert len(theirs) == exact
