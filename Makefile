@@ -38,7 +38,9 @@ demo: $(STAMP)
 	$(BIN)/dataprep train-tokenizer $(DEMO)/raw --vocab-size 8000 --output $(DEMO)/tokenizer/demo --overwrite
 	$(BIN)/dataprep tokenize $(DEMO)/raw --tokenizer $(DEMO)/tokenizer/demo.model \
 		--output $(DEMO)/corpus/demo --overwrite
-	@echo "demo: token files in $(DEMO)/corpus"
+	$(BIN)/dataprep build-index $(DEMO)/corpus --seq-length 256 --train-samples 20000 \
+		--valid-samples 200 --split 98,2
+	@echo "demo: token files in $(DEMO)/corpus, sample indices in $(DEMO)/corpus/.index"
 
 bench-tokenize: $(STAMP)
 	$(BIN)/python benchmarks/bench_tokenize.py
