@@ -111,16 +111,19 @@ def _num_epochs(num_tokens_per_epoch: int, seq_length: int, num_samples: int | N
 
 def _document_index(sequence_ids: np.ndarray, num_epochs: int, rng: np.random.RandomState,
                     separate_last_epoch: bool) -> np.ndarray:
+    """The split's ids tiled ``num_epochs`` times and shuffled (the last epoch apart when
+    ``separate_last_epoch``), in one int32 array: 4 bytes per (epoch, document) at peak, where
+    Megatron's ``mgrid`` costs 16. int64 only for a file of more than 2**31 sequences."""
+    fits = len(sequence_ids) == 0 or sequence_ids[-1] <= np.iinfo(np.int32).max
+    index = np.empty(num_epochs * len(sequence_ids), dtype=np.int32 if fits else np.int64)
+    index.reshape(num_epochs, len(sequence_ids))[:] = sequence_ids  # broadcast, no temporary
     if not separate_last_epoch or num_epochs == 1:
-        # int32 tiles: 4 bytes per (epoch, document), where Megatron's mgrid costs 16;
-        # int64 only for a file of more than 2**31 sequences, where int32 cannot hold the ids
-        fits = len(sequence_ids) == 0 or sequence_ids[-1] <= np.iinfo(np.int32).max
-        index = np.tile(sequence_ids.astype(np.int32 if fits else np.int64), num_epochs)
         rng.shuffle(index)
-        return index
-    first = _document_index(sequence_ids, num_epochs - 1, rng, False)
-    last = _document_index(sequence_ids, 1, rng, False)
-    return np.concatenate((first, last))
+    else:
+        # shuffling views in place draws from the RNG exactly as shuffling separate arrays
+        rng.shuffle(index[: (num_epochs - 1) * len(sequence_ids)])
+        rng.shuffle(index[(num_epochs - 1) * len(sequence_ids) :])
+    return index
 
 
 def _sample_starts(sequence_lengths: np.ndarray, document_index: np.ndarray, seq_length: int,
@@ -132,8 +135,8 @@ def _sample_starts(sequence_lengths: np.ndarray, document_index: np.ndarray, seq
     (lengths and cumulative ends) cost 16 bytes per block entry, not per (epoch, document).
     """
     num_rows = num_built + 1
-    position = np.empty(num_rows, dtype=np.int64)
-    offset = np.empty(num_rows, dtype=np.int64)
+    rows = np.empty((num_rows, 2), dtype=np.int64)
+    position, offset = rows[:, 0], rows[:, 1]
     done = 0  # rows placed so far
     tokens_before = 0  # tokens in the blocks already walked
     for block_start in range(0, len(document_index), block):
@@ -150,7 +153,7 @@ def _sample_starts(sequence_lengths: np.ndarray, document_index: np.ndarray, seq
         if done == num_rows:
             break
     fits = max(int(position[-1]), int(offset.max())) <= np.iinfo(np.int32).max
-    return np.stack([position, offset], axis=1).astype(np.int32 if fits else np.int64)
+    return rows.astype(np.int32) if fits else rows
 
 
 def _shuffle_index(num_first: int, total: int, rng: np.random.RandomState) -> np.ndarray:
