@@ -10,7 +10,7 @@ DEMO   := build/demo
 STAMP     := $(VENV)/.installed-dev
 STAMP_CMP := $(VENV)/.installed-compat
 
-.PHONY: demo test lint bench-tokenize bench-readers clean
+.PHONY: demo test lint bench-tokenize bench-readers bench-build-index clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,10 @@ bench-tokenize: $(STAMP)
 
 bench-readers: $(STAMP)
 	$(BIN)/python benchmarks/bench_readers.py
+
+# megatron-core (the baseline it compares against) comes with the compatibility oracles
+bench-build-index: $(STAMP) $(STAMP_CMP)
+	$(BIN)/python benchmarks/bench_build_index.py
 
 clean:
 	rm -rf build $(VENV)
