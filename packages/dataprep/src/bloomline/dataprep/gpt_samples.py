@@ -127,7 +127,7 @@ def _document_index(sequence_ids: np.ndarray, num_epochs: int, rng: np.random.Ra
 
 
 def _sample_starts(sequence_lengths: np.ndarray, document_index: np.ndarray, seq_length: int,
-                   num_built: int, block: int = 1 << 24) -> np.ndarray:
+                   num_built: int, block: int = 1 << 22) -> np.ndarray:
     """Closed form of Megatron's ``build_sample_idx``: sample j starts at token j * L.
 
     Row j = (k, j * L - tokens before position k) where position k of the document index
