@@ -127,33 +127,47 @@ def _document_index(sequence_ids: np.ndarray, num_epochs: int, rng: np.random.Ra
 
 
 def _sample_starts(sequence_lengths: np.ndarray, document_index: np.ndarray, seq_length: int,
-                   num_built: int, block: int = 1 << 22) -> np.ndarray:
+                   num_built: int, block: int = 1 << 20) -> np.ndarray:
     """Closed form of Megatron's ``build_sample_idx``: sample j starts at token j * L.
 
     Row j = (k, j * L - tokens before position k) where position k of the document index
-    holds token j * L. The document index is walked in blocks, so the int64 temporaries
-    (lengths and cumulative ends) cost 16 bytes per block entry, not per (epoch, document).
+    holds token j * L. Position k holds tokens [end_k - len_k, end_k), so the samples that
+    start in it number ceil(end_k / L) - ceil(end_{k-1} / L): ``np.repeat`` of the positions
+    by those counts gives every row's k in one linear pass (no search, no loop over samples).
+
+    The document index is walked in blocks of ``block`` positions, so the int64 temporaries
+    cost ~40 bytes per block entry, not per (epoch, document); blocks of 1M entries (8 MB
+    arrays) stay under glibc's mmap threshold once it has adapted, so the allocator reuses
+    their pages instead of faulting fresh ones in for every block. Rows are written straight
+    into int32 when every position and offset fits, as Megatron's are.
     """
     num_rows = num_built + 1
-    rows = np.empty((num_rows, 2), dtype=np.int64)
-    position, offset = rows[:, 0], rows[:, 1]
+    int32_max = np.iinfo(np.int32).max
+    fits = (len(document_index) <= int32_max
+            and int(sequence_lengths.max(initial=0)) <= int32_max)
+    rows = np.empty((num_rows, 2), dtype=np.int32 if fits else np.int64)
     done = 0  # rows placed so far
     tokens_before = 0  # tokens in the blocks already walked
+    starts_before = 0  # samples starting in those blocks: ceil(tokens_before / L)
     for block_start in range(0, len(document_index), block):
         lengths = sequence_lengths[document_index[block_start : block_start + block]]
-        lengths = lengths.astype(np.int64)
-        ends = np.cumsum(lengths) + tokens_before  # exclusive end of each position, in tokens
+        ends = np.cumsum(lengths, dtype=np.int64)  # exclusive end of each position, in tokens
+        ends += tokens_before
         tokens_before = int(ends[-1])
-        upto = min(num_rows, (tokens_before - 1) // seq_length + 1)  # rows starting in here
-        starts = np.arange(done, upto, dtype=np.int64) * seq_length
-        k = np.searchsorted(ends, starts, side="right")
-        position[done:upto] = block_start + k
-        offset[done:upto] = starts - (ends[k] - lengths[k])
+        starts_upto = ends + (seq_length - 1)
+        starts_upto //= seq_length  # samples starting before each position's end
+        counts = np.diff(starts_upto, prepend=starts_before)
+        starts_before = int(starts_upto[-1])
+        k = np.repeat(np.arange(len(lengths), dtype=np.int64), counts)
+        upto = min(num_rows, done + len(k))
+        k = k[: upto - done]
+        rows[done:upto, 0] = k + block_start
+        rows[done:upto, 1] = (np.arange(done, upto, dtype=np.int64) * seq_length
+                              - (ends[k] - lengths[k]))
         done = upto
         if done == num_rows:
             break
-    fits = max(int(position[-1]), int(offset.max())) <= np.iinfo(np.int32).max
-    return rows.astype(np.int32) if fits else rows
+    return rows
 
 
 def _shuffle_index(num_first: int, total: int, rng: np.random.RandomState) -> np.ndarray:
@@ -186,6 +200,8 @@ def build_sample_index(sequence_lengths: np.ndarray, sequence_ids: np.ndarray | 
     if seq_length < 1:
         raise UserError(f"--seq-length {seq_length}: must be at least 1")
     extra = int(add_extra_token)
+    if isinstance(sequence_ids, range):  # np.asarray would iterate it in Python
+        sequence_ids = np.arange(sequence_ids.start, sequence_ids.stop, sequence_ids.step)
     sequence_ids = np.asarray(sequence_ids, dtype=np.int64)
     tokens_per_epoch = int(np.asarray(sequence_lengths)[sequence_ids].sum(dtype=np.int64))
     if tokens_per_epoch < seq_length + extra:
