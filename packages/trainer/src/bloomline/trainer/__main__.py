@@ -1,0 +1,5 @@
+"""``python -m bloomline.trainer`` (what torchrun launches)."""
+
+from bloomline.trainer.cli import main
+
+main()

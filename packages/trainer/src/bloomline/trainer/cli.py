@@ -1,0 +1,114 @@
+"""``trainer``: pretrain, generate, export-hf, import-hf."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from bloomline.common.errors import UserError, exit_on_user_error
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Train the BLOOM-recipe GPT on samples prepared by dataprep.")
+
+
+@app.command("pretrain", context_settings={"allow_extra_args": True,
+                                           "ignore_unknown_options": True})
+def pretrain(
+    ctx: typer.Context,
+    config: str = typer.Option(None, help="TOML recipe (see configs/); defaults otherwise."),
+    resume: str = typer.Option(None, help="auto, none or a checkpoint folder "
+                               "(= checkpoint.resume)."),
+) -> None:
+    """Train. Extra arguments override the recipe: section.key=value (e.g.
+    train.train_samples=2000 optimizer.lr=1e-3)."""
+    from bloomline.trainer.config import load_trainer_config
+    from bloomline.trainer.loop import Trainer
+
+    overrides = list(ctx.args)
+    if resume is not None:
+        overrides.append(f"checkpoint.resume={resume}")
+    cfg = load_trainer_config(config, overrides)
+    Trainer(cfg, log=lambda line: typer.echo(line, err=False)).run()
+
+
+def _load_for_inference(checkpoint: str):
+    from bloomline.trainer.checkpoint import load_checkpoint, load_config_of
+    from bloomline.trainer.config import Config
+    from bloomline.trainer.model import build_model
+
+    path = Path(checkpoint)
+    cfg = load_config_of(path, Config)
+    model = build_model(cfg.model, "cpu", seed=None)
+    load_checkpoint(path, model)
+    return cfg, model
+
+
+@app.command("generate")
+def generate(
+    checkpoint: str = typer.Argument(..., help="A checkpoint folder (RUN/checkpoints/step_N)."),
+    prompt: str = typer.Option(..., help="Text to continue."),
+    max_new_tokens: int = typer.Option(48, help="Tokens to generate."),
+    temperature: float = typer.Option(0.0, help="0: greedy; > 0: sample."),
+    top_k: int = typer.Option(0, help="Sample among the k most likely (0: all)."),
+    top_p: float = typer.Option(1.0, help="Sample within this probability mass."),
+    tokenizer: str = typer.Option(None, help="SentencePiece model (default: data.tokenizer "
+                                  "of the checkpoint's config)."),
+    seed: int = typer.Option(0, help="Sampling seed."),
+) -> None:
+    """Continue a prompt with a checkpoint (a sanity check of what the model learned)."""
+    from bloomline.dataprep.tokenizer import Tokenizer
+    from bloomline.trainer.generate import generate_ids
+
+    cfg, model = _load_for_inference(checkpoint)
+    tokenizer_path = tokenizer or cfg.data.tokenizer
+    if not tokenizer_path:
+        raise UserError(f"{checkpoint}: its config has no data.tokenizer; pass --tokenizer")
+    tok = Tokenizer(tokenizer_path)
+    prompt_ids = [int(i) for i in tok.encode_batch([prompt])[0]]
+    ids = generate_ids(model, prompt_ids, max_new_tokens, temperature, top_k, top_p,
+                       tok.eod_id, seed)
+    typer.echo(prompt + tok.decode(ids))
+
+
+@app.command("export-hf")
+def export_hf_command(
+    checkpoint: str = typer.Argument(..., help="A checkpoint folder."),
+    out_dir: str = typer.Argument(..., help="Output folder (transformers BLOOM format)."),
+    overwrite: bool = typer.Option(False, help="Replace an existing output folder."),
+) -> None:
+    """Write a checkpoint as a transformers BloomForCausalLM (config.json + safetensors)."""
+    from bloomline.trainer.hf import export_hf
+
+    cfg, model = _load_for_inference(checkpoint)
+    export_hf(model.state_dict(), cfg.model, out_dir, tokenizer_path=cfg.data.tokenizer or None,
+              overwrite=overwrite)
+    typer.echo(f"wrote {out_dir}")
+
+
+@app.command("import-hf")
+def import_hf_command(
+    hf_dir: str = typer.Argument(..., help="A transformers BLOOM folder."),
+    run_dir: str = typer.Argument(..., help="Run folder to start from: a step-0 checkpoint is "
+                                  "written there, then `trainer pretrain train.run_dir=RUN`."),
+    config: str = typer.Option(None, help="TOML recipe for the rest of the run's settings."),
+) -> None:
+    """Start a run from a transformers BLOOM checkpoint (its model settings replace the
+    recipe's)."""
+    import torch
+
+    from bloomline.trainer.config import load_trainer_config
+    from bloomline.trainer.hf import import_hf
+    from bloomline.trainer.loop import Trainer
+
+    model_cfg, state = import_hf(hf_dir)
+    cfg = load_trainer_config(config, [f"train.run_dir={run_dir}", "checkpoint.resume=none"])
+    cfg.model = model_cfg
+    trainer = Trainer(cfg)
+    with torch.no_grad():
+        trainer.model.load_state_dict(state, strict=True)
+    typer.echo(f"checkpoint: {trainer.save()}")
+
+
+def main() -> None:
+    exit_on_user_error(app)

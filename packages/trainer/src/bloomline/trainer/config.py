@@ -1,0 +1,222 @@
+"""The trainer's config tree. Every field has a default and a docstring (its --help text);
+recipes in configs/*.toml override them, ``section.key=value`` arguments override those.
+
+Sample counts are Megatron's units: the run is ``train.train_samples`` long, the LR schedule
+and the curriculum count in samples or tokens (``schedule.unit``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bloomline.common.config import load_config
+from bloomline.common.errors import UserError
+from bloomline.trainer.model.config import ModelConfig
+
+__all__ = ["Config", "DataConfig", "TrainConfig", "PrecisionConfig", "OptimizerConfig",
+           "ScheduleConfig", "CurriculumConfig", "CheckpointConfig", "MonitorConfig",
+           "load_trainer_config"]
+
+
+@dataclass
+class DataConfig:
+    corpus: str = ""
+    """Folder of NAME.bin/.idx token files (all used; see dataprep build-index)."""
+    tokenizer: str = ""
+    """SentencePiece model of the corpus: checks the vocabulary, decodes for generate."""
+    seq_length: int = 2048
+    """L of the sample index: samples hold L + 1 tokens. Training uses up to this length."""
+    split: str = "969,30,1"
+    """train,valid,test shares of each dataset (Megatron's --split)."""
+    weights: dict[str, float] = field(default_factory=dict)
+    """Blend weight per dataset name; empty: by size, one epoch each (see build-index)."""
+    seed: int = 1234
+    """Seed of the sample shuffles (Megatron's --seed)."""
+    cache_dir: str = ""
+    """Index cache; empty: CORPUS/.index."""
+    num_workers: int = 2
+    """DataLoader worker processes (0: load in the training process)."""
+    prefetch_factor: int = 4
+    """Batches each worker prepares ahead."""
+
+
+@dataclass
+class TrainConfig:
+    micro_batch_size: int = 4
+    """Samples per forward/backward on one data-parallel rank."""
+    global_batch_size: int = 32
+    """Samples per optimizer step over all ranks: micro x data-parallel x accumulation."""
+    rampup_batch_size: list[int] = field(default_factory=list)
+    """Megatron's batch-size rampup [start, increment, samples]: the global batch grows
+    from start by increment, evenly over that many samples. Empty: off."""
+    train_samples: int = 100_000
+    """Training length in samples (Megatron's --train-samples)."""
+    seed: int = 1234
+    """Seed of the weight init and dropout."""
+    eval_interval: int = 100
+    """Evaluate on the valid split every this many steps (0: never)."""
+    eval_samples: int = 256
+    """Valid samples per evaluation (the same ones every time)."""
+    log_interval: int = 10
+    """A console line and a metrics record every this many steps."""
+    max_bad_steps: int = 5
+    """Stop after this many consecutive steps with a NaN/inf loss or gradient (each skipped)."""
+    run_dir: str = "runs/default"
+    """Folder of the run: checkpoints/, metrics.jsonl, tensorboard/, config.toml."""
+    compile: bool = False
+    """torch.compile the model."""
+    device: str = "auto"
+    """cpu, cuda, or auto (cuda when available)."""
+    profile_steps: str = ""
+    """A:B writes a torch.profiler trace of steps A..B-1 into RUN/profile."""
+
+
+@dataclass
+class PrecisionConfig:
+    dtype: str = "bf16"
+    """bf16 (bf16 compute, fp32 master weights and gradient accumulation), fp16 (with dynamic
+    loss scaling) or fp32."""
+    initial_loss_scale: float = 65536.0
+    """fp16: starting loss scale."""
+    loss_scale_window: int = 1000
+    """fp16: steps without overflow before the scale doubles."""
+
+
+@dataclass
+class OptimizerConfig:
+    name: str = "adamw"
+    """adamw or lamb."""
+    lr: float = 3e-4
+    """Peak learning rate."""
+    min_lr: float = 3e-5
+    """Learning rate at the end of the decay."""
+    beta1: float = 0.9
+    """Adam beta1."""
+    beta2: float = 0.95
+    """Adam beta2."""
+    eps: float = 1e-8
+    """Adam epsilon."""
+    weight_decay: float = 0.1
+    """Decoupled weight decay; never applied to biases and LayerNorm parameters."""
+    clip_grad: float = 1.0
+    """Clip the global gradient norm to this (0: off)."""
+
+
+@dataclass
+class ScheduleConfig:
+    unit: str = "samples"
+    """What warmup and decay count: samples or tokens."""
+    warmup: int = 1000
+    """Linear warmup length (in unit)."""
+    decay: int = 0
+    """Decay length after warmup (in unit); 0: to the end of training."""
+    style: str = "cosine"
+    """cosine, linear or constant."""
+
+
+@dataclass
+class CurriculumConfig:
+    seqlen_warmup: bool = False
+    """DeepSpeed's sequence-length warmup: train on truncated samples first."""
+    start_seq_length: int = 64
+    """Sequence length at the start of the warmup."""
+    seq_length_step: int = 8
+    """The length is rounded down to a multiple of this."""
+    warmup_tokens: int = 0
+    """Tokens over which the length grows linearly to data.seq_length."""
+
+
+@dataclass
+class CheckpointConfig:
+    interval: int = 1000
+    """Save every this many steps (and at the end); 0: only at the end."""
+    keep_last: int = 3
+    """Complete checkpoints kept; older ones are deleted."""
+    resume: str = "auto"
+    """auto (newest complete checkpoint of the run, if any), none, or a checkpoint folder."""
+
+
+@dataclass
+class MonitorConfig:
+    tensorboard: bool = True
+    """Write TensorBoard event files into RUN/tensorboard."""
+    thermometer_interval: int = 100
+    """Per-layer max attention logit / activations / grad norms every this many steps
+    (0: off)."""
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
+
+
+_CHOICES = {
+    "model.attention": ("sdpa", "flex", "eager"),
+    "precision.dtype": ("bf16", "fp16", "fp32"),
+    "optimizer.name": ("adamw", "lamb"),
+    "schedule.unit": ("samples", "tokens"),
+    "schedule.style": ("cosine", "linear", "constant"),
+}
+
+
+def validate(cfg: Config, data_parallel: int = 1) -> None:
+    """Cross-field checks, each a UserError naming the field."""
+    for key, choices in _CHOICES.items():
+        section, name = key.split(".")
+        value = getattr(getattr(cfg, section), name)
+        if value not in choices:
+            raise UserError(f"{key} = {value!r}: expected one of {', '.join(choices)}")
+    m, t = cfg.model, cfg.train
+    for key, value in (("model.hidden_size", m.hidden_size), ("model.num_layers", m.num_layers),
+                       ("model.num_heads", m.num_heads), ("data.seq_length", cfg.data.seq_length),
+                       ("train.micro_batch_size", t.micro_batch_size),
+                       ("train.global_batch_size", t.global_batch_size),
+                       ("train.train_samples", t.train_samples)):
+        if value < 1:
+            raise UserError(f"{key} = {value}: must be at least 1")
+    if m.hidden_size % m.num_heads:
+        raise UserError(f"model.hidden_size {m.hidden_size} is not divisible by "
+                        f"model.num_heads {m.num_heads}")
+    step = t.micro_batch_size * data_parallel
+    if t.global_batch_size % step:
+        raise UserError(f"train.global_batch_size {t.global_batch_size} is not a multiple of "
+                        f"train.micro_batch_size x data-parallel size = {step}")
+    if t.rampup_batch_size:
+        if len(t.rampup_batch_size) != 3:
+            raise UserError("train.rampup_batch_size: expected [start, increment, samples]")
+        start, increment, samples = t.rampup_batch_size
+        if start < 1 or increment < 1 or samples < 0 or start > t.global_batch_size or (
+                (t.global_batch_size - start) % increment):
+            raise UserError(f"train.rampup_batch_size {t.rampup_batch_size}: need 1 <= start "
+                            "<= global_batch_size, increment >= 1 dividing "
+                            "global_batch_size - start")
+    c = cfg.curriculum
+    if c.seqlen_warmup and not 1 <= c.start_seq_length <= cfg.data.seq_length:
+        raise UserError(f"curriculum.start_seq_length {c.start_seq_length}: must be within "
+                        f"[1, data.seq_length = {cfg.data.seq_length}]")
+    if c.seq_length_step < 1:
+        raise UserError(f"curriculum.seq_length_step {c.seq_length_step}: must be >= 1")
+    if t.profile_steps:
+        try:
+            a, b = (int(v) for v in t.profile_steps.split(":"))
+            assert 0 <= a < b
+        except (ValueError, AssertionError):
+            raise UserError(f"train.profile_steps {t.profile_steps!r}: expected A:B with "
+                            "0 <= A < B") from None
+    if not 0.0 <= m.hidden_dropout < 1.0 or not 0.0 <= m.attention_dropout < 1.0:
+        raise UserError("model.hidden_dropout / model.attention_dropout: must be in [0, 1)")
+
+
+def load_trainer_config(path: str | Path | None, overrides: list[str] | None = None) -> Config:
+    cfg = load_config(Config, path, overrides)
+    validate(cfg)
+    return cfg

@@ -1,0 +1,112 @@
+"""Samples from dataprep's index into micro-batches, in Megatron's order.
+
+The order is a pure function of the index (built by ``bloomline.dataprep``) and
+``consumed_samples``: the sampler walks the train split from there in blocks of
+micro_batch_size x data-parallel size and hands each data-parallel rank its contiguous slice,
+exactly as Megatron's ``MegatronPretrainingSampler``. Resuming needs only the counter; a
+different data-parallel size sees the same samples in the same global order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from bloomline.common.errors import UserError
+from bloomline.dataprep import IndexRequest, build_sample_datasets
+
+__all__ = ["MegatronSampler", "TokenSamples", "make_loader", "open_splits", "check_vocabulary"]
+
+
+class TokenSamples(Dataset):
+    """A dataprep sample dataset as int64 tensors of L + 1 tokens (picklable: workers reopen
+    the memory maps instead of copying them)."""
+
+    def __init__(self, samples, seq_length: int) -> None:
+        self.samples = samples
+        self.seq_length = seq_length
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        tokens = self.samples[index]
+        if len(tokens) != self.seq_length + 1:  # an index built for another L
+            raise UserError(f"sample {index} has {len(tokens)} tokens, expected "
+                            f"data.seq_length + 1 = {self.seq_length + 1}")
+        return torch.from_numpy(np.asarray(tokens, dtype=np.int64))
+
+
+class MegatronSampler(Sampler[list[int]]):
+    """Micro-batches of sample ids for one data-parallel rank, from ``consumed_samples`` on.
+
+    Megatron's ``MegatronPretrainingSampler``: ids are taken in order in blocks of
+    ``micro_batch_size * dp_size``; rank r gets ``block[r * mbs : (r + 1) * mbs]``. An
+    incomplete last block is dropped.
+    """
+
+    def __init__(self, total_samples: int, consumed_samples: int, micro_batch_size: int,
+                 dp_rank: int = 0, dp_size: int = 1) -> None:
+        if consumed_samples >= total_samples:
+            raise UserError(f"consumed samples {consumed_samples} >= the {total_samples} "
+                            "samples of the train split: the run is complete")
+        self.total = total_samples
+        self.consumed = consumed_samples
+        self.micro_batch_size = micro_batch_size
+        self.dp_rank = dp_rank
+        self.dp_size = dp_size
+
+    def __len__(self) -> int:
+        return (self.total - self.consumed) // (self.micro_batch_size * self.dp_size)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        block = self.micro_batch_size * self.dp_size
+        start = self.consumed + self.dp_rank * self.micro_batch_size
+        for first in range(start, self.total - block + 1 + self.dp_rank * self.micro_batch_size,
+                           block):
+            yield list(range(first, first + self.micro_batch_size))
+
+
+def open_splits(corpus: str, seq_length: int, train_samples: int, valid_samples: int | None,
+                split: str, seed: int, weights: dict[str, float] | None,
+                cache_dir: str | None = None) -> dict[str, TokenSamples]:
+    """The train (and valid, when the split has one) samples, building the index if missing
+    (one process builds under a file lock; the others wait and map it)."""
+    if not corpus:
+        raise UserError("data.corpus: not set; give the folder of NAME.bin/.idx files "
+                        "(made by dataprep tokenize)")
+    request = IndexRequest(seq_length=seq_length, train_samples=train_samples,
+                           valid_samples=valid_samples, test_samples=None, split=split,
+                           seed=seed, weights=weights or None)
+    built = build_sample_datasets(corpus, request, cache_dir=cache_dir or None)
+    if "train" not in built.splits:
+        raise UserError(f"data.split {split!r}: gives the train split no documents")
+    return {name: TokenSamples(ds, seq_length) for name, ds in built.splits.items()}
+
+
+def make_loader(samples: TokenSamples, sampler: MegatronSampler, num_workers: int,
+                prefetch_factor: int, pin_memory: bool) -> DataLoader:
+    """Worker processes assemble whole micro-batches ahead of the step (prefetch); pinned
+    memory makes the host-to-GPU copy asynchronous."""
+    kwargs = {}
+    if num_workers > 0:
+        kwargs = {"prefetch_factor": prefetch_factor, "persistent_workers": False}
+    return DataLoader(samples, batch_sampler=sampler, num_workers=num_workers,
+                      pin_memory=pin_memory, **kwargs)
+
+
+def check_vocabulary(tokenizer_path: str, model_vocab: int) -> int | None:
+    """The tokenizer's vocabulary size, checked against the model's embedding rows."""
+    if not tokenizer_path:
+        return None
+    from bloomline.dataprep.tokenizer import Tokenizer
+
+    vocab = Tokenizer(tokenizer_path).vocab_size
+    if vocab > model_vocab:
+        raise UserError(f"data.tokenizer {tokenizer_path}: vocabulary of {vocab} tokens is "
+                        f"larger than model.vocab_size {model_vocab}; raise model.vocab_size "
+                        "(or set it to 0 to size it from the tokenizer)")
+    return vocab

@@ -1,0 +1,48 @@
+"""Text continuation from a checkpoint, for a sanity check: greedy, top-k and top-p sampling.
+
+No KV cache: every new token re-runs the whole context. That is O(n^2) in the output length
+and fine for the few dozen tokens of a sanity check; ALiBi needs no position limit.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["sample_next", "generate_ids"]
+
+
+def sample_next(logits: torch.Tensor, temperature: float, top_k: int, top_p: float,
+                generator: torch.Generator | None) -> int:
+    """Next id from the last position's logits: greedy when temperature is 0."""
+    logits = logits.float()
+    if temperature <= 0:
+        return int(logits.argmax())
+    logits = logits / temperature
+    if top_k > 0:
+        kth = torch.topk(logits, min(top_k, logits.numel())).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if 0.0 < top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True)
+        cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
+        # drop a token when the tokens before it already reach top_p (the first always stays)
+        drop = cumulative - torch.softmax(sorted_logits, dim=-1) >= top_p
+        logits = logits.scatter(0, order[drop], float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+@torch.no_grad()
+def generate_ids(model, prompt_ids: list[int], max_new_tokens: int, temperature: float = 0.0,
+                 top_k: int = 0, top_p: float = 1.0, eod_id: int | None = None,
+                 seed: int = 0) -> list[int]:
+    model.eval()
+    device = next(model.parameters()).device
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    ids = list(prompt_ids)
+    for _ in range(max_new_tokens):
+        logits = model(torch.tensor([ids], device=device))[0, -1].cpu()
+        token = sample_next(logits, temperature, top_k, top_p, generator)
+        ids.append(token)
+        if token == eod_id:
+            break
+    return ids[len(prompt_ids):]

@@ -1,0 +1,330 @@
+"""The training loop, top to bottom: batch -> forward/backward over micro-batches -> clip ->
+step -> schedule -> log -> maybe evaluate -> maybe checkpoint.
+
+``Trainer.train_step`` is callable on its own (tests, benchmarks); ``Trainer.run`` is what
+``trainer pretrain`` does.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from bloomline.common.config import to_toml
+from bloomline.common.errors import UserError
+from bloomline.trainer import checkpoint as ckpt
+from bloomline.trainer.config import Config, validate
+from bloomline.trainer.curriculum import global_batch_size, sequence_length
+from bloomline.trainer.data import MegatronSampler, check_vocabulary, make_loader, open_splits
+from bloomline.trainer.metrics import (
+    MetricsWriter,
+    console_line,
+    measure_peak_flops,
+    memory_bytes,
+    thermometer_readings,
+)
+from bloomline.trainer.model import build_model, padded_vocab_size
+from bloomline.trainer.optim import build_optimizer, learning_rate
+from bloomline.trainer.precision import Precision
+
+__all__ = ["Trainer", "lm_loss", "resolve_device"]
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError(f"train.device = {name!r}: CUDA is not available on this machine")
+    return torch.device(name)
+
+
+def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy, computed in fp32 whatever the logits' dtype."""
+    return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
+
+
+def resolve_vocab(cfg: Config) -> None:
+    """model.vocab_size 0 means: the tokenizer's vocabulary padded to a multiple of 128."""
+    if cfg.model.vocab_size == 0:
+        if not cfg.data.tokenizer:
+            raise UserError("model.vocab_size = 0 needs data.tokenizer to size the vocabulary")
+        from bloomline.dataprep.tokenizer import Tokenizer
+
+        cfg.model.vocab_size = padded_vocab_size(Tokenizer(cfg.data.tokenizer).vocab_size)
+    check_vocabulary(cfg.data.tokenizer, cfg.model.vocab_size)
+
+
+class Trainer:
+    """One process's training: model, optimizer, precision, data, counters."""
+
+    def __init__(self, cfg: Config, log=print) -> None:
+        validate(cfg)
+        resolve_vocab(cfg)
+        self.cfg = cfg
+        self.log = log
+        self.device = resolve_device(cfg.train.device)
+        torch.manual_seed(cfg.train.seed)
+        self.model = build_model(cfg.model, self.device, seed=cfg.train.seed)
+        self.forward = torch.compile(self.model) if cfg.train.compile else self.model
+        self.optimizer = build_optimizer(self.model, cfg.optimizer)
+        self.precision = Precision(cfg.precision, self.device)
+        self.run_dir = Path(cfg.train.run_dir)
+        self.state = {"step": 0, "consumed_samples": 0, "consumed_tokens": 0,
+                      "skipped_steps": 0, "bad_in_row": 0, "loss_scale": {}}
+        self._peak_flops: float | None = None
+
+    # -- one optimizer step ---------------------------------------------------------------
+    def train_step(self, micro_batches: list[torch.Tensor], lr: float,
+                   thermometers: bool = False) -> dict:
+        """Forward/backward over the micro-batches of one global batch ([mbs, L + 1] token
+        tensors), clip, and step (or skip the step when the loss or a gradient is not
+        finite). Returns loss, grad_norm, skipped and, with ``thermometers``, the per-layer
+        readings."""
+        model, precision = self.model, self.precision
+        model.train()
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        count = len(micro_batches)
+        total = torch.zeros((), device=self.device)
+        for index, tokens in enumerate(micro_batches):
+            tokens = tokens.to(self.device, non_blocking=True)
+            model.set_thermometers(thermometers and index == 0)
+            with precision.autocast():
+                logits = self.forward(tokens[:, :-1])
+            loss = lm_loss(logits, tokens[:, 1:])
+            precision.scale(loss / count).backward()
+            total += loss.detach()
+        model.set_thermometers(False)
+        loss = total / count
+        if precision.scaler is not None:
+            precision.scaler.unscale_(self.optimizer)
+        clip = self.cfg.optimizer.clip_grad or math.inf
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip, foreach=True)
+        finite = bool(torch.isfinite(grad_norm)) and bool(torch.isfinite(loss))
+        result = {"loss": float(loss), "grad_norm": float(grad_norm), "skipped": not finite}
+        if thermometers:
+            result["thermometers"] = thermometer_readings(model)
+        if precision.scaler is not None:
+            precision.scaler.step(self.optimizer)  # skips by itself on inf/NaN gradients
+            precision.scaler.update()
+        elif finite:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return result
+
+    @torch.no_grad()
+    def evaluate(self, samples, num_samples: int) -> dict:
+        self.model.eval()
+        mbs = self.cfg.train.micro_batch_size
+        losses = []
+        for first in range(0, min(num_samples, len(samples)), mbs):
+            ids = range(first, min(first + mbs, num_samples, len(samples)))
+            tokens = torch.stack([samples[i] for i in ids]).to(self.device)
+            with self.precision.autocast():
+                logits = self.forward(tokens[:, :-1])
+            losses.append(float(lm_loss(logits, tokens[:, 1:])) * len(ids))
+        loss = sum(losses) / max(1, min(num_samples, len(samples)))
+        return {"valid_loss": loss, "valid_ppl": math.exp(min(loss, 80.0))}
+
+    # -- the run ----------------------------------------------------------------------------
+    def total_steps(self) -> int:
+        consumed, steps = 0, 0
+        while True:
+            size = global_batch_size(self.cfg, consumed)
+            if consumed + size > self.cfg.train.train_samples:
+                return steps
+            consumed += size
+            steps += 1
+
+    def _progress(self) -> tuple[int, int]:
+        if self.cfg.schedule.unit == "tokens":
+            return (self.state["consumed_tokens"],
+                    self.cfg.train.train_samples * self.cfg.data.seq_length)
+        return self.state["consumed_samples"], self.cfg.train.train_samples
+
+    def resume(self) -> Path | None:
+        setting = self.cfg.checkpoint.resume
+        if setting == "none":
+            return None
+        path = ckpt.latest_checkpoint(self.run_dir) if setting == "auto" else Path(setting)
+        if path is None:
+            return None
+        if not path.is_dir():
+            raise UserError(f"checkpoint.resume {setting}: no such checkpoint folder")
+        saved = ckpt.load_config_of(path, Config)
+        ckpt.check_compatible(saved, self.cfg, path)
+        self.state = ckpt.load_checkpoint(path, self.model, self.optimizer)
+        self.precision.load_state_dict(self.state.get("loss_scale", {}))
+        return path
+
+    def save(self) -> Path:
+        self.state["loss_scale"] = self.precision.state_dict()
+        return ckpt.save_checkpoint(self.run_dir, self.state["step"], self.model,
+                                    self.optimizer, self.state, self.cfg,
+                                    self.cfg.checkpoint.keep_last)
+
+    def run(self) -> dict:
+        cfg, state = self.cfg, self.state
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        splits = open_splits(cfg.data.corpus, cfg.data.seq_length, cfg.train.train_samples,
+                             None, cfg.data.split, cfg.data.seed, cfg.data.weights,
+                             cfg.data.cache_dir)
+        train = splits["train"]
+        if len(train) < cfg.train.train_samples:
+            raise UserError(f"data: the train split serves {len(train)} samples, fewer than "
+                            f"train.train_samples {cfg.train.train_samples}")
+        resumed = self.resume()
+        (self.run_dir / "config.toml").write_text(to_toml(cfg))
+        self._peak_flops = measure_peak_flops(self.device, self.precision.dtype)
+        info = {"parameters": cfg.model.num_parameters(), "device": str(self.device),
+                "peak_flops": self._peak_flops, "resumed_from": str(resumed or "")}
+        (self.run_dir / "run_info.json").write_text(json.dumps(info, indent=1))
+        self.log(f"model: {info['parameters']:,} parameters; device {self.device}; "
+                 f"{self.precision.name}; peak {self._peak_flops / 1e12:.2f} TFLOP/s (matmul)"
+                 + (f"; resumed from {resumed}" if resumed else ""))
+        metrics = MetricsWriter(self.run_dir, cfg.monitor.tensorboard)
+        total_steps = self.total_steps()
+        if state["step"] >= total_steps:
+            self.log(f"run complete: step {state['step']} of {total_steps}")
+            return state
+        sampler = MegatronSampler(cfg.train.train_samples, state["consumed_samples"],
+                                  cfg.train.micro_batch_size)
+        loader = iter(make_loader(train, sampler, cfg.data.num_workers,
+                                  cfg.data.prefetch_factor, self.device.type == "cuda"))
+        profiler = _Profiler(cfg.train.profile_steps, self.run_dir, self.device)
+        window = {"start": time.perf_counter(), "tokens": 0, "samples": 0, "steps": 0}
+        last = None
+        try:
+            while state["step"] < total_steps:
+                step = state["step"] + 1
+                profiler.at_step(step)
+                size = global_batch_size(cfg, state["consumed_samples"])
+                length = sequence_length(cfg, state["consumed_tokens"])
+                micro = [next(loader)[:, : length + 1]
+                         for _ in range(size // cfg.train.micro_batch_size)]
+                self._check_ids(micro, step)
+                progress, total = self._progress()
+                lr = learning_rate(progress, total, cfg.optimizer, cfg.schedule)
+                thermo = bool(cfg.monitor.thermometer_interval
+                              and step % cfg.monitor.thermometer_interval == 0)
+                result = self.train_step(micro, lr, thermometers=thermo)
+                state["step"] = step
+                state["consumed_samples"] += size
+                state["consumed_tokens"] += size * length
+                self._count_bad(result, step)
+                window["tokens"] += size * length
+                window["samples"] += size
+                window["steps"] += 1
+                if step % cfg.train.log_interval == 0 or step == total_steps:
+                    last = self._record(result, lr, size, length, window)
+                    metrics.write(last)
+                    self.log(console_line(last, total_steps))
+                    window = {"start": time.perf_counter(), "tokens": 0, "samples": 0,
+                              "steps": 0}
+                if thermo:
+                    metrics.write({"kind": "thermometer", "step": step,
+                                   **result["thermometers"]})
+                if cfg.train.eval_interval and step % cfg.train.eval_interval == 0:
+                    self._evaluate(splits, metrics, step)
+                if cfg.checkpoint.interval and step % cfg.checkpoint.interval == 0:
+                    self.log(f"checkpoint: {self.save()}")
+        finally:
+            profiler.close()
+        if cfg.train.eval_interval and state["step"] % cfg.train.eval_interval:
+            self._evaluate(splits, metrics, state["step"])
+        if not cfg.checkpoint.interval or state["step"] % cfg.checkpoint.interval:
+            self.log(f"checkpoint: {self.save()}")
+        metrics.close()
+        return state
+
+    def _evaluate(self, splits, metrics, step: int) -> None:
+        if "valid" not in splits:
+            return
+        record = {"kind": "valid", "step": step,
+                  **self.evaluate(splits["valid"], self.cfg.train.eval_samples)}
+        metrics.write(record)
+        self.log(f"step {step} | valid loss {record['valid_loss']:.4f} | "
+                 f"ppl {record['valid_ppl']:.2f}")
+
+    def _check_ids(self, micro: list[torch.Tensor], step: int) -> None:
+        largest = max(int(batch.max()) for batch in micro)
+        if largest >= self.cfg.model.vocab_size:
+            raise UserError(f"data.corpus {self.cfg.data.corpus}: token id {largest} in the "
+                            f"batch of step {step} is >= model.vocab_size "
+                            f"{self.cfg.model.vocab_size}: the data's vocabulary is larger "
+                            "than the model's")
+
+    def _count_bad(self, result: dict, step: int) -> None:
+        state = self.state
+        if not result["skipped"]:
+            state["bad_in_row"] = 0
+            return
+        state["skipped_steps"] += 1
+        overflow = self.precision.scaler is not None and math.isfinite(result["loss"])
+        if overflow:  # fp16 loss-scale overflow: expected, the scaler backs off
+            return
+        state["bad_in_row"] += 1
+        self.log(f"step {step}: non-finite loss {result['loss']} or gradient norm "
+                 f"{result['grad_norm']}; step skipped ({state['bad_in_row']} in a row)")
+        if state["bad_in_row"] > self.cfg.train.max_bad_steps:
+            raise UserError(f"stopping: {state['bad_in_row']} consecutive steps with a "
+                            f"non-finite loss or gradient (train.max_bad_steps = "
+                            f"{self.cfg.train.max_bad_steps}); lower optimizer.lr or resume "
+                            "from an earlier checkpoint")
+
+    def _record(self, result: dict, lr: float, size: int, length: int, window: dict) -> dict:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        seconds = max(time.perf_counter() - window["start"], 1e-9)
+        tokens_per_s = window["tokens"] / seconds
+        flops = self.cfg.model.flops_per_token(length) * tokens_per_s
+        return {"kind": "train", "step": self.state["step"], "loss": result["loss"], "lr": lr,
+                "grad_norm": result["grad_norm"], "tokens_per_s": tokens_per_s,
+                "samples_per_s": window["samples"] / seconds,
+                "step_time_s": seconds / max(window["steps"], 1),
+                "mfu": flops / self._peak_flops if self._peak_flops else 0.0,
+                "memory_gb": memory_bytes(self.device) / 1e9,
+                "loss_scale": self.precision.loss_scale, "seq_length": length,
+                "global_batch_size": size,
+                "consumed_samples": self.state["consumed_samples"],
+                "consumed_tokens": self.state["consumed_tokens"],
+                "skipped_steps": self.state["skipped_steps"]}
+
+
+class _Profiler:
+    """``train.profile_steps = A:B``: a torch.profiler trace of steps A..B-1 into RUN/profile."""
+
+    def __init__(self, spec: str, run_dir: Path, device: torch.device) -> None:
+        self.range = tuple(int(v) for v in spec.split(":")) if spec else None
+        self.run_dir, self.device = run_dir, device
+        self._profile = None
+
+    def at_step(self, step: int) -> None:
+        if self.range is None:
+            return
+        if step == self.range[0] and self._profile is None:
+            activities = [torch.profiler.ProfilerActivity.CPU]
+            if self.device.type == "cuda":
+                activities.append(torch.profiler.ProfilerActivity.CUDA)
+            self._profile = torch.profiler.profile(activities=activities, record_shapes=True)
+            self._profile.__enter__()
+        elif step == self.range[1]:
+            self.close()
+
+    def close(self) -> None:
+        if self._profile is None:
+            return
+        self._profile.__exit__(None, None, None)
+        out = self.run_dir / "profile"
+        out.mkdir(parents=True, exist_ok=True)
+        self._profile.export_chrome_trace(str(out / f"trace_steps_{self.range[0]}_"
+                                                    f"{self.range[1]}.json"))
+        self._profile = None
+        self.range = None
+
+

@@ -1,0 +1,111 @@
+"""Monitoring: metrics.jsonl and TensorBoard scalars each log step, a console line, the
+device's peak FLOP/s for MFU, memory, and the thermometers (per-layer maxima and grad norms).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import resource
+import time
+from pathlib import Path
+
+import torch
+
+__all__ = ["MetricsWriter", "measure_peak_flops", "memory_bytes", "thermometer_readings",
+           "console_line"]
+
+# Dense bf16 tensor-core peaks of common GPUs (FLOP/s); others are measured.
+_GPU_PEAKS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L40S": 362e12}
+
+
+def measure_peak_flops(device: torch.device, dtype: torch.dtype, seconds: float = 0.5) -> float:
+    """Achievable matmul FLOP/s on ``device`` in ``dtype``: the known dense peak for a known
+    GPU; otherwise a 1024^3 (CPU) / 8192^3 (GPU) matmul timed for about ``seconds``."""
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        for key, peak in _GPU_PEAKS.items():
+            if key in name:
+                return peak
+    n = 8192 if device.type == "cuda" else 1024
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    torch.matmul(a, b)  # warm-up: thread pool, kernels
+    runs, start = 0, time.perf_counter()
+    while True:
+        torch.matmul(a, b)
+        runs += 1
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        elapsed = time.perf_counter() - start
+        if elapsed >= seconds and runs >= 3:
+            return 2.0 * n ** 3 * runs / elapsed
+
+
+def memory_bytes(device: torch.device) -> int:
+    """Peak allocated device memory (GPU) or peak resident memory of the process (CPU)."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def thermometer_readings(model) -> dict[str, list[float]]:
+    """Per-layer max |attention logit|, max |MLP output|, max |residual stream| of the last
+    tracked forward, and per-layer gradient norms."""
+    readings: dict[str, list[float]] = {"max_attention_logit": [], "max_mlp_output": [],
+                                        "max_residual": [], "grad_norm": []}
+    for block in model.h:
+        attention = block.self_attention
+        readings["max_attention_logit"].append(float(attention.max_logit or 0.0))
+        readings["max_mlp_output"].append(float(block.max_mlp_output or 0.0))
+        readings["max_residual"].append(float(block.max_residual or 0.0))
+        squares = [p.grad.float().pow(2).sum() for p in block.parameters() if p.grad is not None]
+        readings["grad_norm"].append(math.sqrt(float(sum(squares))) if squares else 0.0)
+    return readings
+
+
+def console_line(record: dict, total_steps: int | None) -> str:
+    step = f"step {record['step']}" + (f"/{total_steps}" if total_steps else "")
+    parts = [step, f"loss {record['loss']:.4f}", f"lr {record['lr']:.2e}",
+             f"gnorm {record['grad_norm']:.3f}", f"{record['tokens_per_s']:,.0f} tok/s",
+             f"mfu {100 * record['mfu']:.1f}%", f"seq {record['seq_length']}",
+             f"gbs {record['global_batch_size']}", f"mem {record['memory_gb']:.2f} GB"]
+    if record.get("loss_scale") is not None:
+        parts.append(f"scale {record['loss_scale']:g}")
+    if record.get("skipped_steps"):
+        parts.append(f"skipped {record['skipped_steps']}")
+    return " | ".join(parts)
+
+
+class MetricsWriter:
+    """Appends one JSON object per record to RUN/metrics.jsonl and mirrors the numbers to
+    TensorBoard (lists become one scalar per layer: ``name/layer_N``)."""
+
+    def __init__(self, run_dir: str | Path, tensorboard: bool, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self.path = Path(run_dir) / "metrics.jsonl"
+        self._tb = None
+        if enabled and tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(str(Path(run_dir) / "tensorboard"))
+
+    def write(self, record: dict) -> None:
+        if not self.enabled:
+            return
+        with self.path.open("a") as fh:
+            fh.write(json.dumps(record) + "\n")
+        if self._tb is not None:
+            step = record["step"]
+            for key, value in record.items():
+                if isinstance(value, bool) or key == "step":
+                    continue
+                if isinstance(value, int | float):
+                    self._tb.add_scalar(f"{record.get('kind', 'train')}/{key}", value, step)
+                elif isinstance(value, list):
+                    for layer, v in enumerate(value):
+                        self._tb.add_scalar(f"thermometer/{key}/layer_{layer}", v, step)
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()

@@ -1,0 +1,128 @@
+"""Causal self-attention with ALiBi, three interchangeable kernels.
+
+The fused QKV projection is laid out per head as [heads, 3, head_dim] (BLOOM's layout), so a
+column-wise tensor-parallel split of it is a split by heads and HF checkpoints map 1:1.
+
+Kernels (``ModelConfig.attention``):
+- ``sdpa``: ``F.scaled_dot_product_attention`` with the ALiBi+causal bias as an additive mask
+  (the CPU default; the fused CPU kernel accumulates the softmax in fp32).
+- ``flex``: FlexAttention with an ALiBi ``score_mod`` and a causal ``BlockMask`` (compiled; on
+  GPU it skips the masked blocks instead of materializing an L x L bias).
+- ``eager``: explicit matmul, softmax (fp32 with ``softmax_fp32``), matmul.
+They agree within bf16/fp32 tolerance (tests/test_attention.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bloomline.trainer.model.alibi import alibi_bias, alibi_slopes
+from bloomline.trainer.model.config import ModelConfig
+
+__all__ = ["Attention"]
+
+
+@functools.cache
+def _compiled_flex_attention():
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=False)
+
+
+@functools.lru_cache(maxsize=8)
+def _causal_block_mask(seq_length: int, device: str):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    def causal(b, h, q_idx, kv_idx):
+        return q_idx >= kv_idx
+
+    return create_block_mask(causal, B=None, H=None, Q_LEN=seq_length, KV_LEN=seq_length,
+                             device=device)
+
+
+class Attention(nn.Module):
+    """Multi-head causal self-attention over heads ``[head_start, head_start + num_heads)`` of
+    a model with ``total_heads`` heads (all of them without tensor parallelism)."""
+
+    def __init__(self, cfg: ModelConfig, head_start: int = 0, num_heads: int | None = None):
+        super().__init__()
+        self.total_heads = cfg.num_heads
+        self.head_start = head_start
+        self.num_heads = cfg.num_heads if num_heads is None else num_heads
+        self.head_dim = cfg.head_dim
+        self.kernel = cfg.attention
+        self.softmax_fp32 = cfg.softmax_fp32
+        self.dropout = cfg.attention_dropout
+        local = self.num_heads * self.head_dim
+        self.query_key_value = nn.Linear(cfg.hidden_size, 3 * local)
+        self.dense = nn.Linear(local, cfg.hidden_size)
+        # thermometer: when set, forward records max |score + bias| over the causal region
+        self.track_max_logit = False
+        self.max_logit: torch.Tensor | None = None
+        self._bias_cache: dict = {}
+
+    def slopes(self, device: torch.device) -> torch.Tensor:
+        return alibi_slopes(self.total_heads, self.head_start,
+                            self.head_start + self.num_heads).to(device)
+
+    def _bias(self, seq_length: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        key = (seq_length, str(device), dtype)
+        if key not in self._bias_cache:
+            self._bias_cache.clear()  # one length at a time (curriculum changes it rarely)
+            self._bias_cache[key] = alibi_bias(self.slopes(device), seq_length, device, dtype)
+        return self._bias_cache[key]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, seq_length, _ = x.shape
+        qkv = self.query_key_value(x).view(batch, seq_length, self.num_heads, 3, self.head_dim)
+        q, k, v = (t.transpose(1, 2) for t in qkv.unbind(dim=3))  # [b, heads, L, head_dim]
+        if self.track_max_logit:
+            self.max_logit = self._max_logit(q, k)
+        dropout = self.dropout if self.training else 0.0
+        if self.kernel == "sdpa":
+            bias = self._bias(seq_length, x.device, q.dtype)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout)
+        elif self.kernel == "flex":
+            out = self._flex(q, k, v)
+        else:
+            out = self._eager(q, k, v, dropout)
+        out = out.transpose(1, 2).reshape(batch, seq_length, self.num_heads * self.head_dim)
+        return self.dense(out)
+
+    def _eager(self, q, k, v, dropout: float) -> torch.Tensor:
+        scores = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(self.head_dim))
+        softmax_dtype = torch.float32 if self.softmax_fp32 else scores.dtype
+        scores = scores.to(softmax_dtype) + self._bias(q.shape[2], q.device, softmax_dtype)
+        probs = torch.softmax(scores, dim=-1).to(v.dtype)
+        probs = F.dropout(probs, dropout, self.training)
+        return torch.matmul(probs, v)
+
+    def _flex(self, q, k, v) -> torch.Tensor:
+        if self.dropout and self.training:
+            raise ValueError("model.attention = 'flex' has no attention dropout; use sdpa or "
+                             "eager, or set model.attention_dropout = 0")
+        slopes = self.slopes(q.device)
+
+        def alibi(score, b, h, q_idx, kv_idx):
+            return score + slopes[h] * (kv_idx - q_idx)
+
+        mask = _causal_block_mask(q.shape[2], str(q.device))
+        return _compiled_flex_attention()(q, k, v, score_mod=alibi, block_mask=mask)
+
+    @torch.no_grad()
+    def _max_logit(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        """max |q.k / sqrt(d) + bias| over the causal region, one sequence at a time (the
+        L x L scores of a whole batch would cost more memory than the step)."""
+        bias = self._bias(q.shape[2], q.device, torch.float32)
+        visible = torch.isfinite(bias)
+        best = torch.zeros((), device=q.device)
+        for i in range(q.shape[0]):
+            scores = torch.matmul(q[i].float(), k[i].float().transpose(-1, -2))
+            scores = scores / math.sqrt(self.head_dim) + bias
+            best = torch.maximum(best, scores.abs().masked_fill(~visible, 0).amax())
+        return best
