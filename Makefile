@@ -40,7 +40,12 @@ demo: $(STAMP)
 		--output $(DEMO)/corpus/demo --overwrite
 	$(BIN)/dataprep build-index $(DEMO)/corpus --seq-length 256 --train-samples 20000 \
 		--valid-samples 200 --split 98,2
-	@echo "demo: token files in $(DEMO)/corpus, sample indices in $(DEMO)/corpus/.index"
+	rm -rf $(DEMO)/run
+	$(BIN)/trainer pretrain --config configs/tiny-cpu.toml train.run_dir=$(DEMO)/run
+	$(BIN)/trainer generate $(DEMO)/run/checkpoints/step_00000300 --prompt "The history of" \
+		--max-new-tokens 32
+	$(BIN)/trainer export-hf $(DEMO)/run/checkpoints/step_00000300 $(DEMO)/hf --overwrite
+	@echo "demo: token files in $(DEMO)/corpus, run (metrics.jsonl, tensorboard/, checkpoints/) in $(DEMO)/run, transformers export in $(DEMO)/hf"
 
 bench-tokenize: $(STAMP)
 	$(BIN)/python benchmarks/bench_tokenize.py

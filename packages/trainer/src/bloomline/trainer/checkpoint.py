@@ -141,8 +141,10 @@ def load_checkpoint(checkpoint: str | Path, model, optimizer=None) -> dict:
     if not state_path.is_file():
         raise UserError(f"{checkpoint}: not a complete checkpoint (no {STATE_FILE})")
     if optimizer is None:
-        from torch.distributed.checkpoint.state_dict import get_model_state_dict, \
-            set_model_state_dict
+        from torch.distributed.checkpoint.state_dict import (
+            get_model_state_dict,
+            set_model_state_dict,
+        )
 
         state = {"model": get_model_state_dict(model)}
     else:

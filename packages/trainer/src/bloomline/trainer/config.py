@@ -60,6 +60,9 @@ class TrainConfig:
     """Valid samples per evaluation (the same ones every time)."""
     log_interval: int = 10
     """A console line and a metrics record every this many steps."""
+    exit_interval: int = 0
+    """Stop (after a checkpoint) once this process has run this many steps; 0: run to the end
+    (Megatron's --exit-interval, for job time limits)."""
     max_bad_steps: int = 5
     """Stop after this many consecutive steps with a NaN/inf loss or gradient (each skipped)."""
     run_dir: str = "runs/default"

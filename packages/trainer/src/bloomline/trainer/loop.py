@@ -169,7 +169,7 @@ class Trainer:
                                     self.cfg.checkpoint.keep_last)
 
     def run(self) -> dict:
-        cfg, state = self.cfg, self.state
+        cfg = self.cfg
         self.run_dir.mkdir(parents=True, exist_ok=True)
         splits = open_splits(cfg.data.corpus, cfg.data.seq_length, cfg.train.train_samples,
                              None, cfg.data.split, cfg.data.seed, cfg.data.weights,
@@ -179,6 +179,7 @@ class Trainer:
             raise UserError(f"data: the train split serves {len(train)} samples, fewer than "
                             f"train.train_samples {cfg.train.train_samples}")
         resumed = self.resume()
+        state = self.state  # after resume(), which replaces it
         (self.run_dir / "config.toml").write_text(to_toml(cfg))
         self._peak_flops = measure_peak_flops(self.device, self.precision.dtype)
         info = {"parameters": cfg.model.num_parameters(), "device": str(self.device),
@@ -198,9 +199,11 @@ class Trainer:
                                   cfg.data.prefetch_factor, self.device.type == "cuda"))
         profiler = _Profiler(cfg.train.profile_steps, self.run_dir, self.device)
         window = {"start": time.perf_counter(), "tokens": 0, "samples": 0, "steps": 0}
-        last = None
+        steps_here = 0
         try:
-            while state["step"] < total_steps:
+            while state["step"] < total_steps and not (
+                    cfg.train.exit_interval and steps_here >= cfg.train.exit_interval):
+                steps_here += 1
                 step = state["step"] + 1
                 profiler.at_step(step)
                 size = global_batch_size(cfg, state["consumed_samples"])
@@ -221,9 +224,9 @@ class Trainer:
                 window["samples"] += size
                 window["steps"] += 1
                 if step % cfg.train.log_interval == 0 or step == total_steps:
-                    last = self._record(result, lr, size, length, window)
-                    metrics.write(last)
-                    self.log(console_line(last, total_steps))
+                    record = self._record(result, lr, size, length, window)
+                    metrics.write(record)
+                    self.log(console_line(record, total_steps))
                     window = {"start": time.perf_counter(), "tokens": 0, "samples": 0,
                               "steps": 0}
                 if thermo:
