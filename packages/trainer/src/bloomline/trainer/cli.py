@@ -29,7 +29,8 @@ def pretrain(
     if resume is not None:
         overrides.append(f"checkpoint.resume={resume}")
     cfg = load_trainer_config(config, overrides)
-    Trainer(cfg, log=lambda line: typer.echo(line, err=False)).run()
+    # flushed per line: a run logs to files (SLURM, nohup) where stdout is block-buffered
+    Trainer(cfg, log=lambda line: print(line, flush=True)).run()
 
 
 def _load_for_inference(checkpoint: str):
