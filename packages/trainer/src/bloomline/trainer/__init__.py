@@ -1,7 +1,7 @@
-"""bloomline.trainer: the BLOOM-recipe GPT trainer (model, parallelism, loop).
+"""bloomline.trainer: the BLOOM-recipe GPT trainer (model, data, precision, loop, checkpoints).
 
-The trainer arrives with issue [4]; this package holds its place in the monorepo so that the
-dependency direction (common <- dataprep <- trainer) is enforced from the first commit.
+Entry points: ``trainer`` (cli.py), :class:`bloomline.trainer.loop.Trainer` for code, and
+:mod:`bloomline.trainer.model` for the architecture alone. See packages/trainer/README.md.
 """
 
 __all__: list[str] = []
