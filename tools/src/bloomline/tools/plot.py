@@ -1,0 +1,96 @@
+"""``inspect-data plot``: document lengths and blend proportions over training, as one PNG.
+
+matplotlib is an optional extra (``pip install 'bloomline-tools[plot]'``): every other
+subcommand runs without it. The figure is drawn with matplotlib's object API and the Agg
+canvas (no pyplot, no display, no global state) and written atomically.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+
+import numpy as np
+
+from bloomline.common.atomic import atomic_write_bytes, check_can_write
+from bloomline.common.errors import UserError
+from bloomline.dataprep.build_index import BuiltIndex
+from bloomline.tools.blend_report import dataset_index_of, prefix_counts
+from bloomline.tools.corpus import document_lengths, open_datasets
+from bloomline.tools.samples import split_dataset
+
+__all__ = ["INSTALL_HINT", "blend_curves", "length_histograms", "plot_corpus",
+           "require_matplotlib"]
+
+INSTALL_HINT = ("inspect-data plot needs matplotlib, an optional extra: "
+                "pip install 'bloomline-tools[plot]' (or pip install matplotlib)")
+_POINTS = 200  # points of training progress on the blend curve
+_BINS = 60
+
+
+def require_matplotlib() -> type:
+    """matplotlib's ``Figure`` class, or the one-line error saying how to install the extra."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise UserError(INSTALL_HINT) from None
+    return Figure
+
+
+def length_histograms(corpus_dir: str | os.PathLike) -> dict:
+    """Per dataset: counts of non-empty documents in log-spaced length bins, shared edges."""
+    lengths = {name: document_lengths(ds) for name, ds in open_datasets(corpus_dir).items()}
+    longest = max((int(v.max()) for v in lengths.values() if v.size), default=1)
+    edges = np.unique(np.geomspace(1, max(2, longest + 1), _BINS).round().astype(np.int64))
+    counts = {name: np.histogram(v[v > 0], bins=edges)[0] for name, v in lengths.items()}
+    empty = {name: int(np.count_nonzero(v == 0)) for name, v in lengths.items()}
+    return {"edges": edges, "counts": counts, "empty": empty}
+
+
+def blend_curves(built: BuiltIndex, split: str, request_split: str) -> dict:
+    """Realized cumulative share of each dataset at ``_POINTS`` points of the split."""
+    split_ds, names = split_dataset(built, split, request_split)
+    total = len(split_ds)
+    stops = sorted({max(1, math.ceil(total * k / _POINTS)) for k in range(1, _POINTS + 1)})
+    counts = prefix_counts(dataset_index_of(split_ds), len(names), stops)
+    info = built.report["splits"][split]["datasets"]
+    return {"progress": np.asarray(stops) / total,
+            "shares": counts / np.asarray(stops)[:, None],
+            "weights": [info[name].get("weight", 1.0) for name in names], "names": names,
+            "samples": total}
+
+
+def plot_corpus(corpus_dir: str | os.PathLike, built: BuiltIndex, out: str | os.PathLike,
+                split: str = "train", request_split: str = "", overwrite: bool = False
+                ) -> dict:
+    """Write the PNG: length histogram (log-log) left, blend share over training right.
+
+    Raises:
+        UserError: matplotlib missing (with how to install it), or ``out`` exists.
+    """
+    figure_class = require_matplotlib()
+    check_can_write([out], overwrite)
+    histograms = length_histograms(corpus_dir)
+    curves = blend_curves(built, split, request_split)
+    figure = figure_class(figsize=(12, 4.5), layout="constrained")
+    left, right = figure.subplots(1, 2)
+    edges = histograms["edges"]
+    for name, counts in histograms["counts"].items():
+        left.stairs(counts, edges, label=f"{name} ({histograms['empty'][name]} empty)")
+    left.set(xscale="log", yscale="log", xlabel="document length (tokens)",
+             ylabel="documents", title="document lengths")
+    left.legend(fontsize="small")
+    for number, name in enumerate(curves["names"]):
+        line, = right.plot(curves["progress"], curves["shares"][:, number], label=name)
+        right.axhline(curves["weights"][number], color=line.get_color(), linestyle="--",
+                      linewidth=0.8)
+    right.set(xscale="log", xlabel=f"fraction of the {split} split's samples (log)",
+              ylabel="realized share so far (dashed: requested)", ylim=(0, 1.02),
+              title="blend proportions over training")
+    right.legend(fontsize="small")
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=100)
+    atomic_write_bytes(out, buffer.getvalue())
+    return {"out": str(out), "datasets": curves["names"], "split": split,
+            "samples": curves["samples"]}
