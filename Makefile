@@ -10,7 +10,7 @@ DEMO   := build/demo
 STAMP     := $(VENV)/.installed-dev
 STAMP_CMP := $(VENV)/.installed-compat
 
-.PHONY: demo test lint bench-tokenize bench-readers bench-build-index clean
+.PHONY: demo test lint bench-tokenize bench-readers bench-build-index bench-inspect clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -56,6 +56,10 @@ bench-readers: $(STAMP)
 # megatron-core (the baseline it compares against) comes with the compatibility oracles
 bench-build-index: $(STAMP) $(STAMP_CMP)
 	$(BIN)/python benchmarks/bench_build_index.py
+
+# inspect-data summary/verify on bench-build-index's ~1B-token corpus (generated if missing)
+bench-inspect: $(STAMP)
+	$(BIN)/python benchmarks/bench_inspect.py
 
 clean:
 	rm -rf build $(VENV)
