@@ -140,7 +140,7 @@ def test_blend_shares_and_repeats(corpus, tmp_path, inspect, weights):
                            *_index_args(cache, weights=weights, train=2000))
     assert code == 0
     result = json.loads(out)
-    assert result["samples"] == len(train) and result["blend"]
+    assert result["samples"] == len(train) and result["blend"] and result["requested"] == 2000
     for number, name in enumerate(train.names):
         row = result["datasets"][name]
         for share in ("0.01", "0.1", "0.5", "1"):

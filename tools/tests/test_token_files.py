@@ -112,14 +112,18 @@ CORRUPTIONS = {
 
 
 @pytest.mark.parametrize("kind", list(CORRUPTIONS))
-def test_corrupted_files_give_one_line_and_exit_1(corpus_copy, inspect, kind):
+def test_corrupted_files_give_one_line_and_exit_1(corpus_copy, corpus, inspect, kind):
     """Catches: a traceback from deep inside numpy, exit code 0, or an error that does not
     name the file, for each kind of damage, in every command that reads the file."""
     corrupt, message = CORRUPTIONS[kind]
     corrupt(corpus_copy)
+    index = ["--seq-length", 16, "--train-samples", 20, "--split", "90,10"]
     for args in (["verify", corpus_copy], ["verify", corpus_copy / "b"],
                  ["summary", corpus_copy / "b"], ["show", corpus_copy / "b", "--doc", "4"],
-                 ["diff", corpus_copy / "a", corpus_copy / "b"]):
+                 ["tokens", corpus_copy / "b", "--tokenizer", corpus["tokenizer"]],
+                 ["diff", corpus_copy / "a", corpus_copy / "b"],
+                 ["sample", corpus_copy, "--index", 0, *index],
+                 ["blend", corpus_copy, *index]):
         code, _, err = inspect(*args)
         _one_line_error(code, err, message)
 

@@ -129,7 +129,7 @@ def summarize_blend(built: BuiltIndex, split: str = "train", request_split: str 
             "repeats": document_repeats(components[number], int(used)),
         }
     return {"corpus": built.report["corpus"], "split": split, "samples": total,
-            "blend": "blend" in info, "datasets": rows}
+            "requested": info["requested"], "blend": "blend" in info, "datasets": rows}
 
 
 def format_blend(result: dict) -> str:
@@ -144,6 +144,10 @@ def format_blend(result: dict) -> str:
                      str(row["epochs"]), str(row["repeats"]["max"]),
                      f"{row['repeats']['mean']:.2f}", f"{row['repeats']['unseen']:.1%}"])
     kind = "blend" if result["blend"] else "single dataset"
+    requested = result["requested"]
+    if requested is not None and result["samples"] < requested:
+        # build-index's rule without weights: one epoch of each dataset, whatever was asked
+        kind += f", SHORT of the {requested:,} requested: no weights, one epoch each"
     lines = [f"{result['corpus']}: {result['split']} split, {result['samples']:,} samples "
              f"({kind}); realized share of samples per dataset; documents seen per dataset"]
     return "\n".join(lines + format_table(rows))
