@@ -161,3 +161,21 @@ def test_sample_index_is_the_same_when_walked_in_blocks():
     for block in (1, 2, 3, 7, 64):
         np.testing.assert_array_equal(
             _sample_starts(lengths, document_index, 16, num_built, block=block), whole)
+
+
+def test_last_row_without_extra_token_at_an_exact_multiple_of_l():
+    """Catches: the last sample-index row left unfilled (garbage) when, without the extra
+    token, the data ends exactly on a sample boundary: Megatron records (last position, its
+    length) there."""
+    from bloomline.dataprep.gpt_samples import build_sample_index
+
+    index = build_sample_index(np.full(10, 8, np.int32), range(10), 16, None, 1234,
+                               add_extra_token=False)
+    assert index.sample_index[-1].tolist() == [9, 8]
+    try:
+        from megatron.core.datasets import helpers
+    except ImportError:
+        return
+    reference = helpers.build_sample_idx(np.full(10, 8, np.int32), index.document_index, 16, 1,
+                                         80, True, False)
+    assert np.array_equal(index.sample_index, reference)

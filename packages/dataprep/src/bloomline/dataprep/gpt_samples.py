@@ -127,7 +127,7 @@ def _document_index(sequence_ids: np.ndarray, num_epochs: int, rng: np.random.Ra
 
 
 def _sample_starts(sequence_lengths: np.ndarray, document_index: np.ndarray, seq_length: int,
-                   num_built: int, block: int = 1 << 20) -> np.ndarray:
+                   num_built: int, block: int = 1 << 20, extra: int = 1) -> np.ndarray:
     """Closed form of Megatron's ``build_sample_idx``: sample j starts at token j * L.
 
     Row j = (k, j * L - tokens before position k) where position k of the document index
@@ -154,8 +154,12 @@ def _sample_starts(sequence_lengths: np.ndarray, document_index: np.ndarray, seq
         ends = np.cumsum(lengths, dtype=np.int64)  # exclusive end of each position, in tokens
         ends += tokens_before
         tokens_before = int(ends[-1])
-        starts_upto = ends + (seq_length - 1)
-        starts_upto //= seq_length  # samples starting before each position's end
+        if extra:  # a start on a document's end belongs to the next position: ceil(end / L)
+            starts_upto = ends + (seq_length - 1)
+            starts_upto //= seq_length
+        else:  # Megatron's loop keeps it on the ending one, as (k, len_k): end // L + 1
+            starts_upto = ends // seq_length
+            starts_upto += 1
         counts = np.diff(starts_upto, prepend=starts_before)
         starts_before = int(starts_upto[-1])
         k = np.repeat(np.arange(len(lengths), dtype=np.int64), counts)
@@ -220,7 +224,7 @@ def build_sample_index(sequence_lengths: np.ndarray, sequence_ids: np.ndarray | 
     rng = np.random.RandomState(seed)
     document_index = _document_index(sequence_ids, num_epochs, rng, separate)
     sample_index = _sample_starts(np.asarray(sequence_lengths), document_index, seq_length,
-                                  num_built)
+                                  num_built, extra=extra)
     shuffle_index = _shuffle_index(num_before_last if separate else num_built, num_built, rng)
     return SampleIndex(document_index, sample_index, shuffle_index, num_epochs,
                        tokens_per_epoch, separate)
