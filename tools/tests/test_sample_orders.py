@@ -208,8 +208,7 @@ def test_document_repeats_without_the_extra_token(tmp_path):
     Megatron's extra token, a sample ending at offset 0 of a document reads none of it)."""
     seq_length = 15
     # documents of exactly L tokens make many samples end at offset 0 of the next one; the
-    # one of 5 tokens keeps the epochs' tokens off a multiple of L, where dataprep's sample
-    # index leaves its last row unset without the extra token (a dataprep bug, reported)
+    # one of 5 tokens keeps the epochs' tokens off a multiple of L
     with IndexedDatasetWriter(tmp_path / "d", np.uint16) as writer:
         for number in range(61):
             writer.add_document(np.full(5 if number == 30 else seq_length, number + 5))
@@ -218,7 +217,11 @@ def test_document_repeats_without_the_extra_token(tmp_path):
                                add_extra_token=False)
     assert index.num_epochs * index.num_tokens_per_epoch % seq_length != 0
     component = GPTSampleDataset(dataset, index, add_extra_token=False)
-    assert np.count_nonzero(index.sample_index[1:, 1] == 0) > len(component) // 8
+    # boundaries: without the extra token Megatron records a start on a document's end as
+    # (k, len_k), so the sample reads none of document k
+    rows = index.sample_index[1:]
+    ends_on_boundary = rows[:, 1] == dataset.sequence_lengths[index.document_index[rows[:, 0]]]
+    assert np.count_nonzero(ends_on_boundary) > len(component) // 8
     for served in (1, 3, 7, 12, 25, 50, len(component)):
         seen = _brute_force_seen(component, served)
         repeats = document_repeats(component, served)
