@@ -10,7 +10,7 @@ DEMO   := build/demo
 STAMP     := $(VENV)/.installed-dev
 STAMP_CMP := $(VENV)/.installed-compat
 
-.PHONY: demo test lint bench-tokenize bench-readers bench-build-index bench-inspect clean
+.PHONY: demo test lint bench-tokenize bench-readers bench-build-index bench-inspect bench-train clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -60,6 +60,11 @@ bench-build-index: $(STAMP) $(STAMP_CMP)
 # inspect-data summary/verify on bench-build-index's ~1B-token corpus (generated if missing)
 bench-inspect: $(STAMP)
 	$(BIN)/python benchmarks/bench_inspect.py
+
+# transformers (the baseline it compares against) comes with the compatibility oracles; the
+# loader part uses the demo corpus, which the benchmark makes with dataprep when it is missing
+bench-train: $(STAMP) $(STAMP_CMP)
+	$(BIN)/python benchmarks/bench_train.py
 
 clean:
 	rm -rf build $(VENV)
