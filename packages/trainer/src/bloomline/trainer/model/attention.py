@@ -86,7 +86,10 @@ class Attention(nn.Module):
         dropout = self.dropout if self.training else 0.0
         if self.kernel == "sdpa":
             bias = self._bias(seq_length, x.device, q.dtype)
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout)
+            # a 4-D mask keeps the fused CPU kernel (a 3-D one falls back to the generic path,
+            # which upcasts bf16 to fp32: 1.8x slower, bench_train --diagnose)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias[None],
+                                                 dropout_p=dropout)
         elif self.kernel == "flex":
             out = self._flex(q, k, v)
         else:
