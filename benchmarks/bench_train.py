@@ -18,11 +18,15 @@ tokens, the same batch of random token ids (< 8000) every step, on CPU:
       Both run the model on 256 tokens per sample;
   in two precisions: ``bf16`` (fp32 master weights, forward under
   ``torch.autocast('cpu', bfloat16)``: ours is ``precision.dtype = "bf16"``) and ``fp32``.
-  ``--compile`` adds ours with ``train.compile = true`` (skipped, with the reason, if compiling
-  fails; its warm-up step times show the compiles). ``--diagnose`` adds two variants of ours
-  that locate where its step time goes: the ALiBi bias handed to SDPA as [1, heads, L, L]
-  instead of [heads, L, L] (patched on that trainer's modules only; CPU SDPA takes its math
-  kernel for a 3-D mask, its flash kernel for a 4-D one) and ``model.attention = "eager"``.
+  Ours runs ``model.attention = "auto"`` (eager on CPU). ``--compile`` adds ours with
+  ``train.compile = true`` (skipped, with the reason, if compiling fails; its warm-up step
+  times show the compiles). ``--diagnose`` adds ours with ``model.attention = "sdpa"`` (the
+  fused CPU SDPA kernel with the ALiBi bias as a [1, heads, L, L] mask), to show why auto
+  picks eager on CPU.
+
+The process runs with glibc's mmap threshold raised to 1 GiB (``bloomline.trainer.host``,
+what ``Trainer`` does by default): process-wide, so the transformers baseline gets the same
+allocator. ``--default-malloc`` leaves glibc's defaults for both, to measure that effect.
 
 Each precision warms every contestant up (``--warmup`` steps), then runs ``--rounds`` rounds of
 ``--steps`` steps per contestant, the order reversed every round; tokens/s is taken per round,
@@ -60,7 +64,6 @@ and more when other processes share the cores). Last run: ``results/bench_train.
 from __future__ import annotations
 
 import argparse
-import functools
 import math
 import os
 import statistics
@@ -76,6 +79,7 @@ import torch
 
 from bloomline.trainer.config import Config
 from bloomline.trainer.data import MegatronSampler, make_loader, open_splits
+from bloomline.trainer.host import tune_malloc
 from bloomline.trainer.loop import Trainer
 from bloomline.trainer.metrics import measure_peak_flops
 from bloomline.trainer.model import build_model
@@ -90,8 +94,8 @@ REPO = Path(__file__).resolve().parents[1]
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 HF = "transformers"
 COMPILED = "ours, torch.compile"
-DIAG_4D = "ours, sdpa mask [1,heads,L,L]"
-DIAG_EAGER = "ours, attention=eager"
+DIAG_SDPA = "ours, attention=sdpa"
+TUNE_MALLOC = [True]  # --default-malloc clears it before any contestant is built
 
 
 # ----------------------------------------------------------------------------- machine
@@ -169,24 +173,16 @@ def trainer_config(precision: str, compile_model: bool = False) -> Config:
 
 
 def ours_step(precision: str, tokens: torch.Tensor, compile_model: bool = False,
-              bias_4d: bool = False, attention: str = "") -> Callable[[], float]:
+              attention: str = "") -> Callable[[], float]:
     cfg = trainer_config(precision, compile_model)
     cfg.model.attention = attention or cfg.model.attention
+    cfg.train.tune_malloc = TUNE_MALLOC[0]
     trainer = Trainer(cfg, log=lambda *_: None)
-    if bias_4d:
-        for module in trainer.model.modules():
-            if hasattr(module, "_bias"):
-                module._bias = functools.partial(_bias_4d, module._bias)
     lr = trainer.cfg.optimizer.lr
 
     def step() -> float:
         return trainer.train_step([tokens], lr)["loss"]
     return step
-
-
-def _bias_4d(bias_of, seq_length, device, dtype):
-    bias = bias_of(seq_length, device, dtype)
-    return bias[None] if bias.dim() == 3 else bias  # [1, heads, L, L]
 
 
 def decay_groups(model: torch.nn.Module) -> list[dict]:
@@ -233,8 +229,7 @@ def measure_steps(precision: str, args, tokens: torch.Tensor) -> dict:
     if args.compile:
         makers[COMPILED] = lambda: ours_step(precision, tokens, compile_model=True)
     if args.diagnose:
-        makers[DIAG_4D] = lambda: ours_step(precision, tokens, bias_4d=True)
-        makers[DIAG_EAGER] = lambda: ours_step(precision, tokens, attention="eager")
+        makers[DIAG_SDPA] = lambda: ours_step(precision, tokens, attention="sdpa")
     steps, losses, notes = {}, {}, []
     for name, make in makers.items():
         print(f"{precision}: building and warming up {name} ...", flush=True)
@@ -495,8 +490,9 @@ def main() -> int:
     parser.add_argument("--compile", action="store_true",
                         help="also time ours with torch.compile (train.compile = true)")
     parser.add_argument("--diagnose", action="store_true",
-                        help="also time ours with a 4-D ALiBi mask handed to SDPA, and with "
-                             "model.attention = eager")
+                        help="also time ours with model.attention = sdpa")
+    parser.add_argument("--default-malloc", dest="tune_malloc", action="store_false",
+                        help="keep glibc's malloc defaults (for every contestant)")
     parser.add_argument("--skip-hf", dest="with_hf", action="store_false",
                         help="ours only (no transformers baseline)")
     parser.add_argument("--skip-loader", action="store_true")
@@ -515,7 +511,12 @@ def main() -> int:
             print(f"{HF} is not installed: ours only")
             args.with_hf = False
     warnings.filterwarnings("ignore")
+    TUNE_MALLOC[0] = args.tune_malloc
+    if args.tune_malloc:
+        tune_malloc()  # process-wide: every contestant runs with it
     print(machine_report(), flush=True)
+    threshold = "1 GiB (bloomline.trainer.host)" if args.tune_malloc else "glibc's default"
+    print(f"malloc mmap threshold: {threshold}", flush=True)
     generator = torch.Generator().manual_seed(SEED)
     tokens = torch.randint(0, DATA_VOCAB, (MBS, SEQ + 1), generator=generator)
     results = {precision: measure_steps(precision, args, tokens)

@@ -103,7 +103,7 @@ def test_round_trip_default_init_and_numerics_from_base(tmp_path):
     the fields BLOOM does not record (kernel, fp32 flags) cannot be carried over."""
     cfg = _cfg(attention="eager", softmax_fp32=False)
     out = export_hf(build_model(cfg).state_dict(), cfg, tmp_path / "hf")
-    assert import_hf(out)[0] == replace(cfg, attention="sdpa", softmax_fp32=True)
+    assert import_hf(out)[0] == replace(cfg, attention="auto", softmax_fp32=True)
     assert import_hf(out, base=ModelConfig(attention="eager", softmax_fp32=False))[0] == cfg
 
 

@@ -73,6 +73,9 @@ class TrainConfig:
     """cpu, cuda, or auto (cuda when available)."""
     profile_steps: str = ""
     """A:B writes a torch.profiler trace of steps A..B-1 into RUN/profile."""
+    tune_malloc: bool = True
+    """Keep large host tensors in glibc's heap instead of fresh mmaps (see trainer/host.py):
+    up to 1.2x faster CPU steps. Off: the allocator's defaults."""
 
 
 @dataclass
@@ -163,7 +166,7 @@ class Config:
 
 
 _CHOICES = {
-    "model.attention": ("sdpa", "flex", "eager"),
+    "model.attention": ("auto", "sdpa", "flex", "eager"),
     "precision.dtype": ("bf16", "fp16", "fp32"),
     "optimizer.name": ("adamw", "lamb"),
     "schedule.unit": ("samples", "tokens"),

@@ -21,6 +21,7 @@ from bloomline.trainer import checkpoint as ckpt
 from bloomline.trainer.config import Config, validate
 from bloomline.trainer.curriculum import global_batch_size, sequence_length
 from bloomline.trainer.data import MegatronSampler, check_vocabulary, make_loader, open_splits
+from bloomline.trainer.host import tune_malloc
 from bloomline.trainer.metrics import (
     MetricsWriter,
     console_line,
@@ -48,6 +49,15 @@ def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
 
 
+def compile_model(model) -> None:
+    """torch.compile each block in place (torchtitan's granularity): one compiled graph reused
+    by every layer, parameter names unchanged (no ``_orig_mod.`` prefix), and the ALiBi bias
+    comes in as an input made outside (``GPT.attention_bias``), so nothing is retraced when it
+    is first built. Embedding and head stay eager."""
+    for block in model.h:
+        block.compile()
+
+
 def resolve_vocab(cfg: Config) -> None:
     """model.vocab_size 0 means: the tokenizer's vocabulary padded to a multiple of 128."""
     if cfg.model.vocab_size == 0:
@@ -68,9 +78,14 @@ class Trainer:
         self.cfg = cfg
         self.log = log
         self.device = resolve_device(cfg.train.device)
+        if cfg.train.tune_malloc:
+            tune_malloc()
         torch.manual_seed(cfg.train.seed)
         self.model = build_model(cfg.model, self.device, seed=cfg.train.seed)
-        self.forward = torch.compile(self.model) if cfg.train.compile else self.model
+        self.loss_fn = lm_loss
+        if cfg.train.compile:
+            compile_model(self.model)
+            self.loss_fn = torch.compile(lm_loss)
         self.optimizer = build_optimizer(self.model, cfg.optimizer)
         self.precision = Precision(cfg.precision, self.device)
         self.run_dir = Path(cfg.train.run_dir)
@@ -95,8 +110,8 @@ class Trainer:
             tokens = tokens.to(self.device, non_blocking=True)
             model.set_thermometers(thermometers and index == 0)
             with precision.autocast():
-                logits = self.forward(tokens[:, :-1])
-            loss = lm_loss(logits, tokens[:, 1:])
+                logits = model(tokens[:, :-1])
+            loss = self.loss_fn(logits, tokens[:, 1:])
             precision.scale(loss / count).backward()
             total += loss.detach()
         model.set_thermometers(False)
@@ -126,8 +141,8 @@ class Trainer:
             ids = range(first, min(first + mbs, num_samples, len(samples)))
             tokens = torch.stack([samples[i] for i in ids]).to(self.device)
             with self.precision.autocast():
-                logits = self.forward(tokens[:, :-1])
-            losses.append(float(lm_loss(logits, tokens[:, 1:])) * len(ids))
+                logits = self.model(tokens[:, :-1])
+            losses.append(float(self.loss_fn(logits, tokens[:, 1:])) * len(ids))
         loss = sum(losses) / max(1, min(num_samples, len(samples)))
         return {"valid_loss": loss, "valid_ppl": math.exp(min(loss, 80.0))}
 

@@ -10,11 +10,12 @@ selectable by head range: a rank computes exactly its own heads' slopes.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 
-__all__ = ["alibi_bias", "alibi_slopes"]
+__all__ = ["alibi_bias", "alibi_slopes", "cached_alibi_bias"]
 
 
 def _power_of_two_slopes(n: int) -> list[float]:
@@ -47,3 +48,12 @@ def alibi_bias(slopes: torch.Tensor, seq_length: int, device: torch.device | str
     bias = slopes.to(device)[:, None, None] * distance
     bias = bias.masked_fill(distance > 0, float("-inf"))
     return bias.to(dtype)
+
+
+@functools.lru_cache(maxsize=4)
+def cached_alibi_bias(num_heads: int, head_start: int, head_end: int, seq_length: int,
+                      device: str, dtype: torch.dtype) -> torch.Tensor:
+    """``alibi_bias`` of heads ``[head_start, head_end)``, built once per process and shared by
+    every layer (all layers of a rank hold the same heads): one [heads, L, L] tensor instead
+    of one per layer, which at 176B's 112 heads x 2048^2 in fp32 would be 1.9 GB each."""
+    return alibi_bias(alibi_slopes(num_heads, head_start, head_end), seq_length, device, dtype)

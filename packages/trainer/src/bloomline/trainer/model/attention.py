@@ -3,12 +3,13 @@
 The fused QKV projection is laid out per head as [heads, 3, head_dim] (BLOOM's layout), so a
 column-wise tensor-parallel split of it is a split by heads and HF checkpoints map 1:1.
 
-Kernels (``ModelConfig.attention``):
+Kernels (``ModelConfig.attention``; ``auto`` picks eager on CPU and flex on CUDA):
 - ``sdpa``: ``F.scaled_dot_product_attention`` with the ALiBi+causal bias as an additive mask
-  (the CPU default; the fused CPU kernel accumulates the softmax in fp32).
+  (the fused CPU kernel accumulates the softmax in fp32, but its backward with a mask is slow
+  on CPU: 1.6x the eager ops at b8 h6 L256 d64 in bf16).
 - ``flex``: FlexAttention with an ALiBi ``score_mod`` and a causal ``BlockMask`` (compiled; on
   GPU it skips the masked blocks instead of materializing an L x L bias).
-- ``eager``: explicit matmul, softmax (fp32 with ``softmax_fp32``), matmul.
+- ``eager``: explicit matmul, softmax (fp32 with ``softmax_fp32``), matmul (the CPU choice).
 They agree within bf16/fp32 tolerance (tests/test_attention.py).
 """
 
@@ -21,10 +22,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bloomline.trainer.model.alibi import alibi_bias, alibi_slopes
+from bloomline.trainer.model.alibi import alibi_slopes, cached_alibi_bias
 from bloomline.trainer.model.config import ModelConfig
+from bloomline.trainer.model.layers import compute_dtype
 
-__all__ = ["Attention"]
+__all__ = ["Attention", "resolve_kernel"]
+
+
+def resolve_kernel(kernel: str, device: torch.device) -> str:
+    """``auto`` -> eager on CPU, flex on CUDA; any other name as it is."""
+    if kernel != "auto":
+        return kernel
+    return "flex" if device.type == "cuda" else "eager"
 
 
 @functools.cache
@@ -64,43 +73,59 @@ class Attention(nn.Module):
         # thermometer: when set, forward records max |score + bias| over the causal region
         self.track_max_logit = False
         self.max_logit: torch.Tensor | None = None
-        self._bias_cache: dict = {}
 
     def slopes(self, device: torch.device) -> torch.Tensor:
         return alibi_slopes(self.total_heads, self.head_start,
                             self.head_start + self.num_heads).to(device)
 
     def _bias(self, seq_length: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-        key = (seq_length, str(device), dtype)
-        if key not in self._bias_cache:
-            self._bias_cache.clear()  # one length at a time (curriculum changes it rarely)
-            self._bias_cache[key] = alibi_bias(self.slopes(device), seq_length, device, dtype)
-        return self._bias_cache[key]
+        return cached_alibi_bias(self.total_heads, self.head_start,
+                                 self.head_start + self.num_heads, seq_length, str(device), dtype)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def bias_for(self, seq_length: int, device: torch.device) -> torch.Tensor | None:
+        """The ALiBi+causal bias this layer's kernel adds ([heads, L, L]; None for flex, which
+        computes it in its score_mod). Built outside the layer's forward so that a compiled
+        layer takes it as an input instead of tracing the cache."""
+        kernel = resolve_kernel(self.kernel, device)
+        if kernel == "flex":
+            return None
+        dtype = compute_dtype(self.query_key_value.weight)
+        if kernel == "eager" and self.softmax_fp32:
+            dtype = torch.float32
+        return self._bias(seq_length, device, dtype)
+
+    def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """``x`` [b, L, hidden] -> [b, L, hidden]; ``bias`` from ``bias_for`` (computed here
+        when not given)."""
         batch, seq_length, _ = x.shape
+        kernel = resolve_kernel(self.kernel, x.device)
+        if bias is None and kernel != "flex":
+            bias = self.bias_for(seq_length, x.device)
         qkv = self.query_key_value(x).view(batch, seq_length, self.num_heads, 3, self.head_dim)
         q, k, v = (t.transpose(1, 2) for t in qkv.unbind(dim=3))  # [b, heads, L, head_dim]
         if self.track_max_logit:
             self.max_logit = self._max_logit(q, k)
         dropout = self.dropout if self.training else 0.0
-        if self.kernel == "sdpa":
-            bias = self._bias(seq_length, x.device, q.dtype)
+        if kernel == "sdpa":
             # a 4-D mask keeps the fused CPU kernel (a 3-D one falls back to the generic path,
             # which upcasts bf16 to fp32: 1.8x slower, bench_train --diagnose)
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias[None],
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias[None].to(q.dtype),
                                                  dropout_p=dropout)
-        elif self.kernel == "flex":
+        elif kernel == "flex":
             out = self._flex(q, k, v)
         else:
-            out = self._eager(q, k, v, dropout)
+            out = self._eager(q, k, v, bias, dropout)
         out = out.transpose(1, 2).reshape(batch, seq_length, self.num_heads * self.head_dim)
         return self.dense(out)
 
-    def _eager(self, q, k, v, dropout: float) -> torch.Tensor:
-        scores = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(self.head_dim))
-        softmax_dtype = torch.float32 if self.softmax_fp32 else scores.dtype
-        scores = scores.to(softmax_dtype) + self._bias(q.shape[2], q.device, softmax_dtype)
+    def _eager(self, q, k, v, bias, dropout: float) -> torch.Tensor:
+        # the scale goes on q (L x d) rather than on the scores (L x L); adding the fp32 bias
+        # to bf16 scores promotes to fp32 in the same pass, without a separate cast
+        scores = torch.matmul(q * (1.0 / math.sqrt(self.head_dim)), k.transpose(-1, -2))
+        if self.softmax_fp32:
+            scores = scores + bias.float()  # no-op cast: bias_for made it fp32
+        else:
+            scores = scores + bias.to(scores.dtype)
         probs = torch.softmax(scores, dim=-1).to(v.dtype)
         probs = F.dropout(probs, dropout, self.training)
         return torch.matmul(probs, v)

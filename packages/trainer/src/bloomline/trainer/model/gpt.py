@@ -52,8 +52,9 @@ class Block(nn.Module):
         self.max_mlp_output: torch.Tensor | None = None
         self.max_residual: torch.Tensor | None = None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        attn = self.self_attention(self.input_layernorm(x))
+    def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """``bias``: the attention's ALiBi bias (``Attention.bias_for``; built when None)."""
+        attn = self.self_attention(self.input_layernorm(x), bias)
         x = x + F.dropout(attn, self.dropout, self.training).to(x.dtype)
         mlp = self.mlp(self.post_attention_layernorm(x))
         x = x + F.dropout(mlp, self.dropout, self.training).to(x.dtype)
@@ -81,9 +82,17 @@ class GPT(nn.Module):
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         x = self.embed(input_ids)
+        bias = self.attention_bias(input_ids.shape[1], x.device)
         for block in self.h:
-            x = block(x)
+            x = block(x, bias)
         return self.head(x)
+
+    def attention_bias(self, seq_length: int, device: torch.device) -> torch.Tensor | None:
+        """The ALiBi bias every block shares (all layers hold the same heads), made outside
+        the blocks so that compiled blocks take it as an input."""
+        if not len(self.h):
+            return None
+        return self.h[0].self_attention.bias_for(seq_length, device)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Token embedding and its LayerNorm, in the residual stream's dtype."""
