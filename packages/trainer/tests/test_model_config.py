@@ -46,9 +46,9 @@ def test_init_is_blooms_small_init_with_scaled_output_projections():
     cfg = ModelConfig(vocab_size=512, hidden_size=256, num_layers=8, num_heads=4)
     model = build_model(cfg, seed=0)
     std = (2 / (5 * 256)) ** 0.5
-    assert abs(model.h[0].mlp.dense_h_to_4h.weight.std().item() - std) < 0.05 * std
-    assert abs(model.h[0].mlp.dense_4h_to_h.weight.std().item() - std / 4) < 0.05 * std / 4
-    assert model.h[0].self_attention.dense.bias.abs().max() == 0
+    assert abs(model.h["0"].mlp.dense_h_to_4h.weight.std().item() - std) < 0.05 * std
+    assert abs(model.h["0"].mlp.dense_4h_to_h.weight.std().item() - std / 4) < 0.05 * std / 4
+    assert model.h["0"].self_attention.dense.bias.abs().max() == 0
     assert torch.equal(model.ln_f.weight, torch.ones(256))
     again = build_model(cfg, seed=0)
     assert torch.equal(again.word_embeddings.weight, model.word_embeddings.weight)

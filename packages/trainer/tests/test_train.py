@@ -66,11 +66,11 @@ def test_non_finite_steps_are_skipped_then_the_run_stops(corpus, tmp_path, make_
     trainer = Trainer(cfg, log=lambda line: None)
     with torch.no_grad():
         trainer.model.ln_f.weight.fill_(float("nan"))
-    before = trainer.model.h[0].mlp.dense_h_to_4h.weight.clone()
+    before = trainer.model.h["0"].mlp.dense_h_to_4h.weight.clone()
     with pytest.raises(UserError, match="4 consecutive steps with a non-finite loss"):
         trainer.run()
     assert trainer.state["skipped_steps"] == 4
-    assert torch.equal(trainer.model.h[0].mlp.dense_h_to_4h.weight, before)
+    assert torch.equal(trainer.model.h["0"].mlp.dense_h_to_4h.weight, before)
 
 
 def test_curriculum_shortens_early_samples_and_ramps_the_batch(corpus, tmp_path, make_config):

@@ -16,6 +16,7 @@ from bloomline.trainer.model.config import ModelConfig
 
 __all__ = ["Config", "DataConfig", "TrainConfig", "PrecisionConfig", "OptimizerConfig",
            "ScheduleConfig", "CurriculumConfig", "CheckpointConfig", "MonitorConfig",
+           "ParallelConfig",
            "load_trainer_config"]
 
 
@@ -153,6 +154,35 @@ class MonitorConfig:
 
 
 @dataclass
+class ParallelConfig:
+    tensor_parallel: int = 1
+    """tp: Megatron tensor parallelism (heads and MLP columns split over this many ranks)."""
+    pipeline_parallel: int = 1
+    """pp: pipeline stages."""
+    data_parallel: int = 0
+    """dp: data-parallel replicas; 0: world size / (tp x pp)."""
+    zero_stage: int = 0
+    """0: DDP; 1: optimizer state sharded over dp; 2: gradients too; 3: parameters too."""
+    offload: bool = False
+    """ZeRO-3 with parameters and optimizer state in CPU memory (FSDP2's CPUOffloadPolicy)."""
+    sequence_parallel: bool = False
+    """Megatron sequence parallelism: LayerNorm/dropout regions sharded over tp by sequence."""
+    pipeline_schedule: str = "1f1b"
+    """gpipe, 1f1b (PipeDream-flush) or interleaved (interleaved 1F1B)."""
+    pipeline_microbatches: int = 0
+    """Micro-batches per pipeline step; 0: global batch / (dp x micro_batch_size)."""
+    virtual_stages: int = 2
+    """Stages per rank of the interleaved schedule."""
+    partition: str = "uniform"
+    """How layers are split into stages: uniform, parameters, or profile (measured
+    forward+backward time per layer, split by dynamic programming)."""
+    activation_checkpoint: str = "none"
+    """none, full (recompute every block in backward) or selective (recompute attention)."""
+    backend: str = "auto"
+    """torch.distributed backend: auto (nccl on CUDA, gloo on CPU), gloo or nccl."""
+
+
+@dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -163,6 +193,7 @@ class Config:
     curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
 
 _CHOICES = {
@@ -171,6 +202,10 @@ _CHOICES = {
     "optimizer.name": ("adamw", "lamb"),
     "schedule.unit": ("samples", "tokens"),
     "schedule.style": ("cosine", "linear", "constant"),
+    "parallel.pipeline_schedule": ("gpipe", "1f1b", "interleaved"),
+    "parallel.partition": ("uniform", "parameters", "profile"),
+    "parallel.activation_checkpoint": ("none", "full", "selective"),
+    "parallel.backend": ("auto", "gloo", "nccl"),
 }
 
 

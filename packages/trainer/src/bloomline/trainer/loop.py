@@ -31,31 +31,34 @@ from bloomline.trainer.metrics import (
 )
 from bloomline.trainer.model import build_model, padded_vocab_size
 from bloomline.trainer.optim import build_optimizer, learning_rate
+from bloomline.trainer.parallel import (
+    build_mesh,
+    init_distributed,
+    parallelize,
+    resolve_layout,
+    set_gradient_sync,
+    world_info,
+)
 from bloomline.trainer.precision import Precision
 
 __all__ = ["Trainer", "lm_loss", "resolve_device"]
 
 
-def resolve_device(name: str) -> torch.device:
+def resolve_device(name: str, local_rank: int = 0) -> torch.device:
+    """cpu, cuda (this process's GPU: cuda:LOCAL_RANK) or auto."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise UserError(f"train.device = {name!r}: CUDA is not available on this machine")
+    if name == "cuda":
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
     return torch.device(name)
 
 
 def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Mean next-token cross-entropy, computed in fp32 whatever the logits' dtype."""
     return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
-
-
-def compile_model(model) -> None:
-    """torch.compile each block in place (torchtitan's granularity): one compiled graph reused
-    by every layer, parameter names unchanged (no ``_orig_mod.`` prefix), and the ALiBi bias
-    comes in as an input made outside (``GPT.attention_bias``), so nothing is retraced when it
-    is first built. Embedding and head stay eager."""
-    for block in model.h:
-        block.compile()
 
 
 def resolve_vocab(cfg: Config) -> None:
@@ -73,20 +76,30 @@ class Trainer:
     """One process's training: model, optimizer, precision, data, counters."""
 
     def __init__(self, cfg: Config, log=print) -> None:
-        validate(cfg)
+        rank, local_rank, world_size = world_info()
+        self.layout = resolve_layout(cfg, world_size, rank)
+        validate(cfg, self.layout.dp)
         resolve_vocab(cfg)
+        self.layout = resolve_layout(cfg, world_size, rank)  # again: the vocabulary is known
         self.cfg = cfg
-        self.log = log
-        self.device = resolve_device(cfg.train.device)
+        self.is_main = rank == 0
+        self.log = log if self.is_main else (lambda *_: None)
+        self.device = resolve_device(cfg.train.device, local_rank)
         if cfg.train.tune_malloc:
             tune_malloc()
+        init_distributed(cfg, self.device)
+        self.mesh = build_mesh(self.layout, self.device)
         torch.manual_seed(cfg.train.seed)
+        # every rank builds and initializes the whole model from the same seed, then keeps its
+        # shards: the weights equal the single-process run's, which the equivalence tests need
         self.model = build_model(cfg.model, self.device, seed=cfg.train.seed)
-        self.loss_fn = lm_loss
-        if cfg.train.compile:
-            compile_model(self.model)
-            self.loss_fn = torch.compile(lm_loss)
+        self.loss_fn = torch.compile(lm_loss) if cfg.train.compile else lm_loss
+        parallelize(self.model, self.mesh, self.layout, cfg)
         self.optimizer = build_optimizer(self.model, cfg.optimizer)
+        if self.layout.dp > 1 and cfg.parallel.zero_stage == 1:
+            from bloomline.trainer.parallel.data_parallel import shard_optimizer_state
+
+            self.optimizer = shard_optimizer_state(self.optimizer, self.mesh["dp"])
         self.precision = Precision(cfg.precision, self.device)
         self.run_dir = Path(cfg.train.run_dir)
         self.state = {"step": 0, "consumed_samples": 0, "consumed_tokens": 0,
@@ -109,13 +122,15 @@ class Trainer:
         for index, tokens in enumerate(micro_batches):
             tokens = tokens.to(self.device, non_blocking=True)
             model.set_thermometers(thermometers and index == 0)
+            # data parallelism reduces gradients once, after the last micro-batch
+            set_gradient_sync(model, index == count - 1)
             with precision.autocast():
                 logits = model(tokens[:, :-1])
             loss = self.loss_fn(logits, tokens[:, 1:])
             precision.scale(loss / count).backward()
             total += loss.detach()
         model.set_thermometers(False)
-        loss = total / count
+        loss = self._mean_over_data_parallel(total / count)
         if precision.scaler is not None:
             precision.scaler.unscale_(self.optimizer)
         clip = self.cfg.optimizer.clip_grad or math.inf
@@ -131,6 +146,27 @@ class Trainer:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return result
+
+    def full_model_state(self) -> dict[str, torch.Tensor]:
+        """The whole model's parameters as plain CPU tensors under the single-process names,
+        on every rank (gathers shards: for tests, export and small models)."""
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+        )
+
+        state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True))
+        return {name: value.detach().cpu() for name, value in state.items()}
+
+    def _mean_over_data_parallel(self, value: torch.Tensor) -> torch.Tensor:
+        """The mean of a per-rank scalar over the dp ranks (the global batch's loss)."""
+        if self.layout.dp == 1:
+            return value
+        import torch.distributed as dist
+
+        value = value.clone()
+        dist.all_reduce(value, op=dist.ReduceOp.SUM, group=self.mesh["dp"].get_group())
+        return value / self.layout.dp
 
     @torch.no_grad()
     def evaluate(self, samples, num_samples: int) -> dict:
@@ -150,7 +186,7 @@ class Trainer:
     def total_steps(self) -> int:
         consumed, steps = 0, 0
         while True:
-            size = global_batch_size(self.cfg, consumed)
+            size = global_batch_size(self.cfg, consumed, self.layout.dp)
             if consumed + size > self.cfg.train.train_samples:
                 return steps
             consumed += size
@@ -181,7 +217,7 @@ class Trainer:
         self.state["loss_scale"] = self.precision.state_dict()
         return ckpt.save_checkpoint(self.run_dir, self.state["step"], self.model,
                                     self.optimizer, self.state, self.cfg,
-                                    self.cfg.checkpoint.keep_last)
+                                    self.cfg.checkpoint.keep_last, is_writer=self.is_main)
 
     def run(self) -> dict:
         cfg = self.cfg
@@ -195,21 +231,26 @@ class Trainer:
                             f"train.train_samples {cfg.train.train_samples}")
         resumed = self.resume()
         state = self.state  # after resume(), which replaces it
-        (self.run_dir / "config.toml").write_text(to_toml(cfg))
         self._peak_flops = measure_peak_flops(self.device, self.precision.dtype)
         info = {"parameters": cfg.model.num_parameters(), "device": str(self.device),
-                "peak_flops": self._peak_flops, "resumed_from": str(resumed or "")}
-        (self.run_dir / "run_info.json").write_text(json.dumps(info, indent=1))
-        self.log(f"model: {info['parameters']:,} parameters; device {self.device}; "
-                 f"{self.precision.name}; peak {self._peak_flops / 1e12:.2f} TFLOP/s (matmul)"
+                "layout": self.layout.describe(), "peak_flops": self._peak_flops,
+                "resumed_from": str(resumed or "")}
+        if self.is_main:
+            (self.run_dir / "config.toml").write_text(to_toml(cfg))
+            (self.run_dir / "run_info.json").write_text(json.dumps(info, indent=1))
+        self.log(f"model: {info['parameters']:,} parameters; {self.layout.describe()}; "
+                 f"device {self.device}; {self.precision.name}; peak "
+                 f"{self._peak_flops / 1e12:.2f} TFLOP/s (matmul)"
                  + (f"; resumed from {resumed}" if resumed else ""))
-        metrics = MetricsWriter(self.run_dir, cfg.monitor.tensorboard)
+        metrics = MetricsWriter(self.run_dir, cfg.monitor.tensorboard and self.is_main,
+                                enabled=self.is_main)
         total_steps = self.total_steps()
         if state["step"] >= total_steps:
             self.log(f"run complete: step {state['step']} of {total_steps}")
             return state
         sampler = MegatronSampler(cfg.train.train_samples, state["consumed_samples"],
-                                  cfg.train.micro_batch_size)
+                                  cfg.train.micro_batch_size, self.layout.dp_rank,
+                                  self.layout.dp)
         loader = iter(make_loader(train, sampler, cfg.data.num_workers,
                                   cfg.data.prefetch_factor, self.device.type == "cuda"))
         profiler = _Profiler(cfg.train.profile_steps, self.run_dir, self.device)
@@ -221,10 +262,10 @@ class Trainer:
                 steps_here += 1
                 step = state["step"] + 1
                 profiler.at_step(step)
-                size = global_batch_size(cfg, state["consumed_samples"])
+                size = global_batch_size(cfg, state["consumed_samples"], self.layout.dp)
                 length = sequence_length(cfg, state["consumed_tokens"])
                 micro = [next(loader)[:, : length + 1]
-                         for _ in range(size // cfg.train.micro_batch_size)]
+                         for _ in range(size // (cfg.train.micro_batch_size * self.layout.dp))]
                 self._check_ids(micro, step)
                 progress, total = self._progress()
                 lr = learning_rate(progress, total, cfg.optimizer, cfg.schedule)

@@ -54,7 +54,7 @@ def thermometer_readings(model) -> dict[str, list[float]]:
     tracked forward, and per-layer gradient norms."""
     readings: dict[str, list[float]] = {"max_attention_logit": [], "max_mlp_output": [],
                                         "max_residual": [], "grad_norm": []}
-    for block in model.h:
+    for block in model.h.values():
         attention = block.self_attention
         readings["max_attention_logit"].append(float(attention.max_logit or 0.0))
         readings["max_mlp_output"].append(float(block.max_mlp_output or 0.0))

@@ -77,22 +77,27 @@ class GPT(nn.Module):
         self.word_embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.word_embeddings_layernorm = LayerNorm(cfg.hidden_size, cfg.layernorm_epsilon,
                                                    cfg.layernorm_fp32)
-        self.h = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
+        # a dict keyed "0".."N-1" (the same names as a list): a pipeline stage deletes the
+        # blocks it does not hold and the rest keep their names, so checkpoints reshard
+        self.h = nn.ModuleDict({str(i): Block(cfg) for i in range(cfg.num_layers)})
         self.ln_f = LayerNorm(cfg.hidden_size, cfg.layernorm_epsilon, cfg.layernorm_fp32)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        x = self.embed(input_ids)
-        bias = self.attention_bias(input_ids.shape[1], x.device)
-        for block in self.h:
+        """``input_ids`` [b, L] -> logits [b, L, vocab]. A pipeline stage without the
+        embedding (``word_embeddings`` None) takes hidden states [b, L, h] instead, and one
+        without the head (``ln_f`` None) returns hidden states."""
+        x = self.embed(input_ids) if self.word_embeddings is not None else input_ids
+        bias = self.attention_bias(x.shape[1], x.device)
+        for block in self.h.values():
             x = block(x, bias)
-        return self.head(x)
+        return self.head(x) if self.ln_f is not None else x
 
     def attention_bias(self, seq_length: int, device: torch.device) -> torch.Tensor | None:
         """The ALiBi bias every block shares (all layers hold the same heads), made outside
         the blocks so that compiled blocks take it as an input."""
-        if not len(self.h):
-            return None
-        return self.h[0].self_attention.bias_for(seq_length, device)
+        for block in self.h.values():
+            return block.self_attention.bias_for(seq_length, device)
+        return None
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Token embedding and its LayerNorm, in the residual stream's dtype."""
@@ -130,7 +135,7 @@ class GPT(nn.Module):
     def set_thermometers(self, enabled: bool) -> None:
         """Record per-layer max |attention logit|, max |MLP output| and max |residual| on the
         next forward passes (a few extra reductions and one score matmul per layer)."""
-        for block in self.h:
+        for block in self.h.values():
             block.track_activations = enabled
             block.self_attention.track_max_logit = enabled
 

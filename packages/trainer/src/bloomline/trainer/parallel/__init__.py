@@ -1,0 +1,58 @@
+"""Parallelism applied to the plain model from outside (the model code has none).
+
+``parallelize(model, mesh, layout, cfg)`` applies, in this order (torchtitan's): tensor
+parallelism (DTensor, ``tensor_parallel.py``), activation checkpointing
+(``activation_checkpoint.py``), per-block compile, then data parallelism with the ZeRO stage
+(DDP / FSDP2, ``data_parallel.py``). Pipeline parallelism splits the model into stages first
+and parallelizes each stage the same way (``pipeline.py``). ``mesh.py`` owns the device mesh
+("pp", "dp", "tp") and its validation. See README.md in this folder.
+"""
+
+from __future__ import annotations
+
+from bloomline.trainer.parallel.mesh import (
+    Layout,
+    build_mesh,
+    init_distributed,
+    resolve_layout,
+    world_info,
+)
+
+__all__ = ["Layout", "build_mesh", "init_distributed", "parallelize", "resolve_layout",
+           "set_gradient_sync", "world_info"]
+
+
+def set_gradient_sync(model, enabled: bool) -> None:
+    """Whether the next backward reduces gradients over dp (off for all but the last
+    micro-batch of a step). A no-op for a model without data parallelism."""
+    setter = getattr(model, "set_requires_gradient_sync", None)  # FSDP2 and our DDP wrapper
+    if setter is not None:
+        setter(enabled)
+
+
+def parallelize(model, mesh, layout: Layout, cfg):
+    """Apply tp -> activation checkpointing -> compile -> dp/ZeRO to ``model`` (a GPT or a
+    pipeline stage of one) in place; returns it."""
+    if layout.tp > 1:
+        from bloomline.trainer.parallel.tensor_parallel import apply_tensor_parallel
+
+        apply_tensor_parallel(model, mesh["tp"], cfg)
+    if cfg.parallel.activation_checkpoint != "none":
+        from bloomline.trainer.parallel.activation_checkpoint import (
+            apply_activation_checkpointing,
+        )
+
+        apply_activation_checkpointing(model, cfg.parallel.activation_checkpoint)
+    if cfg.train.compile:
+        for block in _blocks(model):
+            block.compile()
+    if layout.dp > 1 or cfg.parallel.zero_stage > 0:
+        from bloomline.trainer.parallel.data_parallel import apply_data_parallel
+
+        apply_data_parallel(model, mesh["dp"] if mesh is not None else None, cfg)
+    return model
+
+
+def _blocks(model):
+    h = getattr(model, "h", None)
+    return list(h.values()) if hasattr(h, "values") else list(h or [])

@@ -1,0 +1,70 @@
+"""Run a function in N CPU processes joined by gloo, the way torchrun would start them.
+
+``run_distributed(nproc, fn, *args)`` sets RANK / LOCAL_RANK / WORLD_SIZE / MASTER_ADDR /
+MASTER_PORT for each spawned process, calls ``fn(*args)`` there, and returns the list of the
+values each rank returned (picklable). A failure on any rank raises here with that rank's
+traceback; a hang is cut by ``timeout`` seconds. ``fn`` must be importable (module level).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import traceback
+
+import torch.multiprocessing as mp
+
+__all__ = ["run_distributed", "free_port"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _worker(rank: int, nproc: int, port: int, fn, args, queue) -> None:
+    os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nproc),
+                       "LOCAL_WORLD_SIZE": str(nproc), "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": str(port)})
+    import torch
+
+    # nproc processes share 2 cores: one thread each keeps them from oversubscribing
+    torch.set_num_threads(1)
+    try:
+        queue.put((rank, True, fn(*args)))
+    except BaseException:  # noqa: BLE001 - reported to the parent with the traceback
+        queue.put((rank, False, traceback.format_exc()))
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def run_distributed(nproc: int, fn, *args, timeout: float = 600.0) -> list:
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_worker, args=(rank, nproc, port, fn, args, queue))
+             for rank in range(nproc)]
+    for proc in procs:
+        proc.start()
+    results: dict[int, object] = {}
+    errors = []
+    try:
+        for _ in range(nproc):
+            rank, ok, value = queue.get(timeout=timeout)
+            if ok:
+                results[rank] = value
+            else:
+                errors.append(f"rank {rank}:\n{value}")
+                break  # the others are likely blocked in a collective with the failed rank
+    finally:
+        for proc in procs:
+            proc.join(timeout=5 if errors else timeout)
+            if proc.is_alive():
+                proc.kill()
+    if errors:
+        raise AssertionError("distributed run failed on " + "\n".join(errors))
+    return [results[rank] for rank in range(nproc)]
