@@ -3,6 +3,9 @@ in a second."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -10,6 +13,10 @@ from bloomline.dataprep.indexed_dataset import IndexedDatasetWriter
 from bloomline.trainer.config import Config
 
 VOCAB = 96
+
+# distributed.py and equivalence.py are imported by name in tests and, pickled by reference,
+# in the processes run_distributed spawns (which inherit sys.path)
+sys.path.insert(0, str(Path(__file__).parent))
 
 
 def write_corpus(folder, vocab: int = VOCAB, documents: int = 120, seed: int = 0) -> str:
