@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import typer
@@ -19,18 +20,38 @@ def pretrain(
     config: str = typer.Option(None, help="TOML recipe (see configs/); defaults otherwise."),
     resume: str = typer.Option(None, help="auto, none or a checkpoint folder "
                                "(= checkpoint.resume)."),
+    nproc: int = typer.Option(0, help="Start this many processes on this node (torchrun's "
+                              "--nproc-per-node) and train in all of them; 0: this process "
+                              "(or the ones torchrun started)."),
+    nnodes: int = typer.Option(1, help="With --nproc: number of nodes, each running this same "
+                               "command."),
+    rdzv_endpoint: str = typer.Option("", help="With --nnodes > 1: HOST:PORT of the first node, "
+                                      "where the nodes meet (c10d rendezvous)."),
 ) -> None:
     """Train. Extra arguments override the recipe: section.key=value (e.g.
     train.train_samples=2000 optimizer.lr=1e-3)."""
+    overrides = list(ctx.args)
+    if not nproc and (nnodes != 1 or rdzv_endpoint):
+        raise UserError("--nnodes and --rdzv-endpoint go with --nproc (processes per node)")
+    if nproc:
+        from bloomline.trainer.parallel.launch import launch
+
+        forwarded = ([f"--config={config}"] if config is not None else []) + (
+            [f"--resume={resume}"] if resume is not None else []) + overrides
+        launch(nproc, forwarded, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint)
+        return
     from bloomline.trainer.config import load_trainer_config
     from bloomline.trainer.loop import Trainer
 
-    overrides = list(ctx.args)
     if resume is not None:
         overrides.append(f"checkpoint.resume={resume}")
     cfg = load_trainer_config(config, overrides)
     # flushed per line: a run logs to files (SLURM, nohup) where stdout is block-buffered
     Trainer(cfg, log=lambda line: print(line, flush=True)).run()
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def _load_for_inference(checkpoint: str):
@@ -68,7 +89,7 @@ def generate(
     tok = Tokenizer(tokenizer_path)
     prompt_ids = [int(i) for i in tok.encode_batch([prompt])[0]]
     ids = generate_ids(model, prompt_ids, max_new_tokens, temperature, top_k, top_p,
-                       tok.eod_id, seed)
+                       tok.eod_id, seed, vocab_size=tok.vocab_size)
     typer.echo(prompt + tok.decode(ids))
 
 
@@ -87,15 +108,18 @@ def export_hf_command(
     typer.echo(f"wrote {out_dir}")
 
 
-@app.command("import-hf")
+@app.command("import-hf", context_settings={"allow_extra_args": True,
+                                            "ignore_unknown_options": True})
 def import_hf_command(
+    ctx: typer.Context,
     hf_dir: str = typer.Argument(..., help="A transformers BLOOM folder."),
     run_dir: str = typer.Argument(..., help="Run folder to start from: a step-0 checkpoint is "
                                   "written there, then `trainer pretrain train.run_dir=RUN`."),
     config: str = typer.Option(None, help="TOML recipe for the rest of the run's settings."),
 ) -> None:
     """Start a run from a transformers BLOOM checkpoint (its model settings replace the
-    recipe's)."""
+    recipe's). Extra arguments override the recipe as in pretrain: give the data settings the
+    run will use (the checkpoint records them and a resume checks them)."""
     import torch
 
     from bloomline.trainer.config import load_trainer_config
@@ -103,7 +127,8 @@ def import_hf_command(
     from bloomline.trainer.loop import Trainer
 
     model_cfg, state = import_hf(hf_dir)
-    cfg = load_trainer_config(config, [f"train.run_dir={run_dir}", "checkpoint.resume=none"])
+    cfg = load_trainer_config(config, [*ctx.args, f"train.run_dir={run_dir}",
+                                       "checkpoint.resume=none"])
     cfg.model = model_cfg
     trainer = Trainer(cfg)
     with torch.no_grad():
@@ -112,4 +137,9 @@ def import_hf_command(
 
 
 def main() -> None:
-    exit_on_user_error(app)
+    if "TORCHELASTIC_ERROR_FILE" in os.environ:  # a torchrun worker: tell the launcher too
+        from bloomline.trainer.parallel.launch import report_user_errors
+
+        exit_on_user_error(lambda: report_user_errors(app))
+    else:
+        exit_on_user_error(app)
