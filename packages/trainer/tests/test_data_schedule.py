@@ -70,3 +70,23 @@ def test_top_k_and_top_p_only_draw_allowed_tokens():
     assert {sample_next(logits, 1.0, 2, 1.0, generator) for _ in range(200)} == {0, 1}
     assert {sample_next(logits, 1.0, 0, 0.8, generator) for _ in range(200)} == {0, 1}
     assert {sample_next(logits, 1.0, 0, 0.4, generator) for _ in range(50)} == {0}
+
+
+def test_generation_never_draws_a_padding_id():
+    """Bug: sampling from the padded vocabulary (model vocab 128 > tokenizer's 100) draws an
+    id the tokenizer cannot decode (SentencePiece raises OUT_OF_RANGE)."""
+    import torch
+
+    from bloomline.trainer.generate import generate_ids
+
+    class Padded(torch.nn.Module):  # all the probability mass on the padding ids
+        def forward(self, ids):
+            logits = torch.zeros(1, ids.shape[1], 128)
+            logits[..., 100:] = 50.0
+            return logits
+
+        def parameters(self):
+            return iter([torch.zeros(1)])
+
+    ids = generate_ids(Padded(), [1], 20, temperature=1.0, seed=3, vocab_size=100)
+    assert len(ids) == 20 and max(ids) < 100

@@ -34,13 +34,18 @@ def sample_next(logits: torch.Tensor, temperature: float, top_k: int, top_p: flo
 @torch.no_grad()
 def generate_ids(model, prompt_ids: list[int], max_new_tokens: int, temperature: float = 0.0,
                  top_k: int = 0, top_p: float = 1.0, eod_id: int | None = None,
-                 seed: int = 0) -> list[int]:
+                 seed: int = 0, vocab_size: int | None = None) -> list[int]:
+    """Continue ``prompt_ids``. ``vocab_size``: the tokenizer's; ids at or above it (the
+    model's vocabulary is padded to a multiple of 128) are never produced: the tokenizer
+    could not decode them."""
     model.eval()
     device = next(model.parameters()).device
     generator = torch.Generator(device="cpu").manual_seed(seed)
     ids = list(prompt_ids)
     for _ in range(max_new_tokens):
         logits = model(torch.tensor([ids], device=device))[0, -1].cpu()
+        if vocab_size is not None:
+            logits = logits[:vocab_size]
         token = sample_next(logits, temperature, top_k, top_p, generator)
         ids.append(token)
         if token == eod_id:
