@@ -274,6 +274,25 @@ def measure_steps(precision: str, args, tokens: torch.Tensor) -> dict:
             "notes": notes}
 
 
+def measure_thermometers(args, tokens: torch.Tensor) -> dict:
+    """Our bf16 step with the thermometers on against the same step without, alternating
+    within each round (the same trainer, so the same weights and caches)."""
+    cfg = trainer_config("bf16")
+    trainer = Trainer(cfg, log=lambda *_: None)
+    lr = cfg.optimizer.lr
+    for _ in range(args.warmup):
+        trainer.train_step([tokens], lr, thermometers=True)
+        trainer.train_step([tokens], lr)
+    plain, thermo = [], []
+    for round_no in range(args.rounds * args.steps):
+        order = (False, True) if round_no % 2 == 0 else (True, False)
+        for on in order:
+            start = time.perf_counter()
+            trainer.train_step([tokens], lr, thermometers=on)
+            (thermo if on else plain).append(time.perf_counter() - start)
+    return {"plain": plain, "thermo": thermo}
+
+
 def measure_optimizer(args) -> dict:
     """optimizer.step() alone on our model's parameters with random gradients: ours
     (build_optimizer), stock torch.optim.AdamW (what the transformers step uses) and
@@ -377,7 +396,8 @@ def ratio(numerators, denominators):
     return statistics.median(pairs) if pairs else None
 
 
-def report(args, results: dict, optim: dict, loader: dict | None) -> int:
+def report(args, results: dict, optim: dict, loader: dict | None,
+           thermo: dict | None = None) -> int:
     flops = trainer_config("bf16").model.flops_per_token(SEQ)
     rows = []  # (label, ours, baseline, ratio, limit, ours/limit)
     targets, notes = [], []
@@ -411,6 +431,19 @@ def report(args, results: dict, optim: dict, loader: dict | None) -> int:
                      f"tied embeddings, the embedding LayerNorm and init std sqrt(2 / 5h) = "
                      f"{std:.4f}, the input token's own logit starts near h x std = "
                      f"{HIDDEN * std:.1f}; transformers' std is 0.02)")
+    if thermo:
+        plain, hot = median(thermo["plain"]), median(thermo["thermo"])
+        interval = Config().monitor.thermometer_interval
+        extra = max(hot - plain, 0.0) / plain
+        rows.append(("bf16 step with thermometers vs without, s", hot, plain, hot / plain,
+                     None, None))
+        targets.append(f"target: thermometers every {interval} steps (the default) cost "
+                       f"< 2% of step time: {100 * extra / interval:.3f}% "
+                       f"{'PASS' if extra / interval < 0.02 else 'FAIL'} (one thermometer "
+                       f"step costs {100 * extra:.1f}% more than a plain one)")
+        notes.append(f"thermometers: {len(thermo['plain'])} alternating pairs of bf16 steps on "
+                     "one trainer (per-layer max |attention logit|, max |MLP output|, max "
+                     "|residual| on the first micro-batch, per-layer gradient norms)")
     rates = optim["rates"]
     limit = optim["bandwidth"] / (7 * 4 * optim["numel"])
     rows.append(("AdamW step alone vs stock torch.optim.AdamW, steps/s",
@@ -521,9 +554,10 @@ def main() -> int:
     tokens = torch.randint(0, DATA_VOCAB, (MBS, SEQ + 1), generator=generator)
     results = {precision: measure_steps(precision, args, tokens)
                for precision in args.precisions.split(",")}
+    thermo = measure_thermometers(args, tokens) if "bf16" in results else None
     optim = measure_optimizer(args)
     loader = None if args.skip_loader else measure_loader(args)
-    return report(args, results, optim, loader)
+    return report(args, results, optim, loader, thermo)
 
 
 if __name__ == "__main__":
