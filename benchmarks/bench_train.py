@@ -450,7 +450,7 @@ def report(args, results: dict, optim: dict, loader: dict | None,
                  median(rates["ours"]), median(rates["torch default"]),
                  ratio(rates["ours"], rates["torch default"]), limit,
                  median(rates["ours"]) / limit))
-    notes.append(f"optimizer: ours = build_optimizer (AdamW foreach=True), baseline = "
+    notes.append(f"optimizer: ours = build_optimizer (AdamW fused=True), baseline = "
                  f"torch.optim.AdamW with torch's choice of implementation (a per-tensor loop "
                  f"on CPU), as in the {HF} step; fused=True: {median(rates['fused']):,.1f} "
                  f"steps/s ({ratio(rates['fused'], rates['ours']):.2f}x ours); limit: "
