@@ -10,7 +10,7 @@ DEMO   := build/demo
 STAMP     := $(VENV)/.installed-dev
 STAMP_CMP := $(VENV)/.installed-compat
 
-.PHONY: demo test lint bench-tokenize bench-readers bench-build-index bench-inspect bench-train clean
+.PHONY: demo test lint bench-tokenize bench-readers bench-build-index bench-inspect bench-train bench-parallel clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -65,6 +65,11 @@ bench-inspect: $(STAMP)
 # loader part uses the demo corpus, which the benchmark makes with dataprep when it is missing
 bench-train: $(STAMP) $(STAMP_CMP)
 	$(BIN)/python benchmarks/bench_train.py
+
+# ZeRO memory and bytes per rank, pipeline bubbles: CPU processes on gloo (GPU throughput of the
+# 350M/1.3B recipes: benchmarks/gpu_throughput.sh, on a machine with GPUs)
+bench-parallel: $(STAMP)
+	$(BIN)/python benchmarks/bench_parallel.py
 
 clean:
 	rm -rf build $(VENV)
