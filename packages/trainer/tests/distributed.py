@@ -9,6 +9,7 @@ traceback; a hang is cut by ``timeout`` seconds. ``fn`` must be importable (modu
 from __future__ import annotations
 
 import os
+import pickle
 import socket
 import traceback
 
@@ -32,7 +33,9 @@ def _worker(rank: int, nproc: int, port: int, fn, args, queue) -> None:
     # nproc processes share 2 cores: one thread each keeps them from oversubscribing
     torch.set_num_threads(1)
     try:
-        queue.put((rank, True, fn(*args)))
+        # plain pickle: torch's queue would pass tensors as shared-memory handles, which die
+        # with this process before the parent opens them
+        queue.put((rank, True, pickle.dumps(fn(*args))))
     except BaseException:  # noqa: BLE001 - reported to the parent with the traceback
         queue.put((rank, False, traceback.format_exc()))
     finally:
@@ -56,7 +59,7 @@ def run_distributed(nproc: int, fn, *args, timeout: float = 600.0) -> list:
         for _ in range(nproc):
             rank, ok, value = queue.get(timeout=timeout)
             if ok:
-                results[rank] = value
+                results[rank] = pickle.loads(value)
             else:
                 errors.append(f"rank {rank}:\n{value}")
                 break  # the others are likely blocked in a collective with the failed rank

@@ -7,6 +7,7 @@ step -> schedule -> log -> maybe evaluate -> maybe checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -14,6 +15,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import loss_parallel
 
 from bloomline.common.config import to_toml
 from bloomline.common.errors import UserError
@@ -41,7 +44,7 @@ from bloomline.trainer.parallel import (
 )
 from bloomline.trainer.precision import Precision
 
-__all__ = ["Trainer", "lm_loss", "resolve_device"]
+__all__ = ["Trainer", "clip_grad_norm", "lm_loss", "resolve_device"]
 
 
 def resolve_device(name: str, local_rank: int = 0) -> torch.device:
@@ -57,18 +60,34 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
 
 
 def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy, computed in fp32 whatever the logits' dtype."""
-    return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
+    """Mean next-token cross-entropy, computed in fp32 whatever the logits' dtype. Logits
+    sharded by vocabulary (a DTensor under tensor parallelism) need ``loss_parallel()`` around
+    this and the backward; the loss comes back a plain tensor."""
+    loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
+    return loss.to_local() if isinstance(loss, DTensor) else loss  # replicated over tp
+
+
+def clip_grad_norm(parameters, max_norm: float) -> torch.Tensor:
+    """``clip_grad_norm_`` that also handles DTensor parameters (tp, FSDP2): the norm of
+    sharded gradients comes back as a partial DTensor (per-rank partial norms); reduce it to
+    the full norm before clipping and before anyone reads it. Returns the norm, a plain tensor."""
+    parameters = [p for p in parameters if p.grad is not None]
+    norm = torch.nn.utils.get_total_norm([p.grad for p in parameters], foreach=True)
+    if isinstance(norm, DTensor):
+        norm = norm.full_tensor()
+    torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, norm, foreach=True)
+    return norm
 
 
 def resolve_vocab(cfg: Config) -> None:
-    """model.vocab_size 0 means: the tokenizer's vocabulary padded to a multiple of 128."""
+    """model.vocab_size 0 means: the tokenizer's vocabulary padded to a multiple of 128 x tp."""
     if cfg.model.vocab_size == 0:
         if not cfg.data.tokenizer:
             raise UserError("model.vocab_size = 0 needs data.tokenizer to size the vocabulary")
         from bloomline.dataprep.tokenizer import Tokenizer
 
-        cfg.model.vocab_size = padded_vocab_size(Tokenizer(cfg.data.tokenizer).vocab_size)
+        cfg.model.vocab_size = padded_vocab_size(Tokenizer(cfg.data.tokenizer).vocab_size,
+                                                 tensor_parallel=cfg.parallel.tensor_parallel)
     check_vocabulary(cfg.data.tokenizer, cfg.model.vocab_size)
 
 
@@ -94,6 +113,8 @@ class Trainer:
         # shards: the weights equal the single-process run's, which the equivalence tests need
         self.model = build_model(cfg.model, self.device, seed=cfg.train.seed)
         self.loss_fn = torch.compile(lm_loss) if cfg.train.compile else lm_loss
+        # tp: vocabulary-sharded logits, cross-entropy without gathering them
+        self.loss_context = loss_parallel if self.layout.tp > 1 else contextlib.nullcontext
         parallelize(self.model, self.mesh, self.layout, cfg)
         self.optimizer = build_optimizer(self.model, cfg.optimizer)
         if self.layout.dp > 1 and cfg.parallel.zero_stage == 1:
@@ -126,15 +147,16 @@ class Trainer:
             set_gradient_sync(model, index == count - 1)
             with precision.autocast():
                 logits = model(tokens[:, :-1])
-            loss = self.loss_fn(logits, tokens[:, 1:])
-            precision.scale(loss / count).backward()
+            with self.loss_context():
+                loss = self.loss_fn(logits, tokens[:, 1:])
+                precision.scale(loss / count).backward()
             total += loss.detach()
         model.set_thermometers(False)
         loss = self._mean_over_data_parallel(total / count)
         if precision.scaler is not None:
             precision.scaler.unscale_(self.optimizer)
         clip = self.cfg.optimizer.clip_grad or math.inf
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip, foreach=True)
+        grad_norm = clip_grad_norm(model.parameters(), clip)
         finite = bool(torch.isfinite(grad_norm)) and bool(torch.isfinite(loss))
         result = {"loss": float(loss), "grad_norm": float(grad_norm), "skipped": not finite}
         if thermometers:
@@ -178,7 +200,8 @@ class Trainer:
             tokens = torch.stack([samples[i] for i in ids]).to(self.device)
             with self.precision.autocast():
                 logits = self.model(tokens[:, :-1])
-            losses.append(float(self.loss_fn(logits, tokens[:, 1:])) * len(ids))
+            with self.loss_context():
+                losses.append(float(self.loss_fn(logits, tokens[:, 1:])) * len(ids))
         loss = sum(losses) / max(1, min(num_samples, len(samples)))
         return {"valid_loss": loss, "valid_ppl": math.exp(min(loss, 80.0))}
 

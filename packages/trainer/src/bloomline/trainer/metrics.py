@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import torch
+from torch.distributed.tensor import DTensor
 
 __all__ = ["MetricsWriter", "measure_peak_flops", "memory_bytes", "thermometer_readings",
            "console_line"]
@@ -60,6 +61,8 @@ def thermometer_readings(model) -> dict[str, list[float]]:
         readings["max_mlp_output"].append(float(block.max_mlp_output or 0.0))
         readings["max_residual"].append(float(block.max_residual or 0.0))
         squares = [p.grad.float().pow(2).sum() for p in block.parameters() if p.grad is not None]
+        # sharded gradients (tp, FSDP2) give partial sums: full_tensor() reduces them
+        squares = [s.full_tensor() if isinstance(s, DTensor) else s for s in squares]
         readings["grad_norm"].append(math.sqrt(float(sum(squares))) if squares else 0.0)
     return readings
 
