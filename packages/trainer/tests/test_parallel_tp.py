@@ -149,3 +149,20 @@ def test_padded_vocabulary_divides_by_tp(monkeypatch):
         cfg.data.tokenizer = "fake.model"
         loop.resolve_vocab(cfg)
         assert cfg.model.vocab_size == want, tp
+
+
+@pytest.mark.parametrize("sections, message", [
+    ({"data": {"seq_length": 15}}, "data.seq_length 15 is not divisible"),
+    ({"curriculum": {"seqlen_warmup": True, "seq_length_step": 7, "start_seq_length": 8}},
+     "curriculum.seq_length_step 7 is not divisible"),
+])
+def test_sequence_parallel_needs_lengths_divisible_by_tp(sections, message):
+    """Bug: a sequence (or a warmup length) that tp cannot split evenly reaches the
+    reduce-scatter, which kills the process group instead of naming the field."""
+    from bloomline.common.errors import UserError
+    from bloomline.trainer.parallel import resolve_layout
+
+    cfg = equivalence_config(parallel={"tensor_parallel": 2, "sequence_parallel": True},
+                             **sections)
+    with pytest.raises(UserError, match=message):
+        resolve_layout(cfg, world_size=2)

@@ -92,6 +92,16 @@ def resolve_layout(cfg: Config, world_size: int, rank: int = 0) -> Layout:
                         "stages (parallel.pipeline_parallel x virtual_stages)")
     if p.sequence_parallel and tp == 1:
         raise UserError("parallel.sequence_parallel needs parallel.tensor_parallel > 1")
+    # sequence parallelism splits every sequence into tp equal shards (gloo/nccl
+    # reduce-scatter of uneven shards fails); the warmup lengths are multiples of the step
+    if p.sequence_parallel and cfg.data.seq_length % tp:
+        raise UserError(f"data.seq_length {cfg.data.seq_length} is not divisible by "
+                        f"parallel.tensor_parallel {tp} (needed by parallel.sequence_parallel)")
+    if p.sequence_parallel and cfg.curriculum.seqlen_warmup and (
+            cfg.curriculum.seq_length_step % tp):
+        raise UserError(f"curriculum.seq_length_step {cfg.curriculum.seq_length_step} is not "
+                        f"divisible by parallel.tensor_parallel {tp} (needed by "
+                        "parallel.sequence_parallel)")
     if p.zero_stage not in (0, 1, 2, 3):
         raise UserError(f"parallel.zero_stage {p.zero_stage}: expected 0, 1, 2 or 3")
     if p.offload and p.zero_stage != 3:
