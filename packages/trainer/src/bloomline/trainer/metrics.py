@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import torch
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Partial
 
 __all__ = ["MetricsWriter", "measure_peak_flops", "memory_bytes", "thermometer_readings",
            "console_line"]
@@ -52,19 +52,30 @@ def memory_bytes(device: torch.device) -> int:
 
 def thermometer_readings(model) -> dict[str, list[float]]:
     """Per-layer max |attention logit|, max |MLP output|, max |residual stream| of the last
-    tracked forward, and per-layer gradient norms."""
+    tracked forward, and per-layer gradient norms. Under tensor parallelism a block records
+    its rank's heads and sequence shard; the maxima are taken over its ``tp_mesh`` (which
+    apply_tensor_parallel sets), here rather than in the forward, which activation
+    checkpointing replays."""
     readings: dict[str, list[float]] = {"max_attention_logit": [], "max_mlp_output": [],
                                         "max_residual": [], "grad_norm": []}
     for block in model.h.values():
         attention = block.self_attention
-        readings["max_attention_logit"].append(float(attention.max_logit or 0.0))
-        readings["max_mlp_output"].append(float(block.max_mlp_output or 0.0))
-        readings["max_residual"].append(float(block.max_residual or 0.0))
+        mesh = getattr(block, "tp_mesh", None)
+        readings["max_attention_logit"].append(_max_over(attention.max_logit, mesh))
+        readings["max_mlp_output"].append(_max_over(block.max_mlp_output, mesh))
+        readings["max_residual"].append(_max_over(block.max_residual, mesh))
         squares = [p.grad.float().pow(2).sum() for p in block.parameters() if p.grad is not None]
         # sharded gradients (tp, FSDP2) give partial sums: full_tensor() reduces them
         squares = [s.full_tensor() if isinstance(s, DTensor) else s for s in squares]
         readings["grad_norm"].append(math.sqrt(float(sum(squares))) if squares else 0.0)
     return readings
+
+
+def _max_over(value: torch.Tensor | None, mesh) -> float:
+    if mesh is None:
+        return float(value or 0.0)
+    value = torch.zeros((), device=mesh.device_type) if value is None else value
+    return float(DTensor.from_local(value, mesh, (Partial("max"),), run_check=False).full_tensor())
 
 
 def console_line(record: dict, total_steps: int | None) -> str:

@@ -29,8 +29,9 @@ Mental model (Megatron-LM's layout, written as torch's parallel styles):
   sequence length, and each block's input hook turns it local.
 
 Thermometers (max |attention logit|, max |MLP output|, max |residual|) are per-rank values
-inside a block (local heads, local sequence shard); a hook on each block reduces them with a
-max over tp, so the readings equal one process's.
+inside a block (local heads, local sequence shard); each block gets ``tp_mesh`` and
+``metrics.thermometer_readings`` takes the max over it, so the readings equal one process's
+(at reading time: a forward hook would be undone by activation checkpointing's replay).
 
 Dropout note: dropout on local tensors draws from each rank's own generator, which every rank
 seeds the same: with attention dropout the tp ranks drop the same positions in different heads,
@@ -42,7 +43,7 @@ from __future__ import annotations
 
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_module
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
@@ -142,26 +143,6 @@ def _outer_plan(model, sequence_parallel: bool) -> dict[str, ParallelStyle]:
     return plan
 
 
-def _reduce_thermometers(mesh: DeviceMesh):
-    """A block forward hook that turns this rank's thermometer maxima (its heads, its
-    sequence shard) into the maxima over the tp group."""
-
-    def full_max(value):
-        if value is None:
-            return None
-        return DTensor.from_local(value, mesh, (Partial("max"),), run_check=False).full_tensor()
-
-    def hook(block, _inputs, _output):
-        if not block.track_activations:
-            return
-        block.max_mlp_output = full_max(block.max_mlp_output)
-        block.max_residual = full_max(block.max_residual)
-        attention = block.self_attention
-        attention.max_logit = full_max(attention.max_logit)
-
-    return hook
-
-
 def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, cfg) -> nn.Module:
     """Shard ``model`` (a GPT or a pipeline stage of one) over the 1-D ``tp_mesh`` in place:
     Megatron's column/row split of attention and MLP, vocabulary-parallel embedding and tied
@@ -178,7 +159,7 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, cfg) -> nn.Modu
         attention.num_heads = attention.total_heads // tp
         attention.head_start = tp_rank * attention.num_heads
         parallelize_module(block, tp_mesh, _block_plan(sequence_parallel))
-        block.register_forward_hook(_reduce_thermometers(tp_mesh))
+        block.tp_mesh = tp_mesh  # thermometer_readings takes the maxima over it
     parallelize_module(model, tp_mesh, _outer_plan(model, sequence_parallel))
     if sequence_parallel and getattr(model, "ln_f", None) is not None:
         parallelize_module(model.ln_f, tp_mesh, PrepareModuleOutput(
