@@ -34,7 +34,8 @@ ADAM = {"optimizer": {"eps": 1e-6}}
 
 
 def _train_and_probe(sections: dict) -> dict:
-    """run_steps, then one thermometer step on a fresh trainer, and this rank's heads."""
+    """run_steps, then one thermometer step and an evaluation on a fresh trainer, and this
+    rank's heads."""
     from bloomline.trainer.loop import Trainer
 
     result = run_steps(sections)
@@ -44,6 +45,7 @@ def _train_and_probe(sections: dict) -> dict:
     micro = [batch[k * MBS * dp + rank * MBS: k * MBS * dp + (rank + 1) * MBS]
              for k in range(GBS // (MBS * dp))]
     result["thermometers"] = trainer.train_step(micro, LR, thermometers=True)["thermometers"]
+    result["valid_loss"] = trainer.evaluate(list(batch), GBS)["valid_loss"]
     model = trainer.model
     result["heads"] = [(b.self_attention.head_start, b.self_attention.num_heads,
                         b.self_attention.slopes(torch.device("cpu")))
@@ -65,6 +67,7 @@ def _assert_matches(reference: dict, results: list[dict], loss_rtol: float = 1e-
         assert_same_training(reference, result, loss_rtol, param_atol)
         for want, got in zip(reference["grad_norms"], result["grad_norms"], strict=True):
             assert got == pytest.approx(want, rel=loss_rtol), "gradient norm (clip) differs"
+        assert result["valid_loss"] == pytest.approx(reference["valid_loss"], rel=loss_rtol)
         for key, want in reference["thermometers"].items():
             assert result["thermometers"][key] == pytest.approx(want, rel=reading_rtol), key
 
@@ -82,7 +85,8 @@ def test_tp2_trains_like_one_process(reference, tp2):
     """Bug: a wrong shard (QKV rows not by head, the row-wise bias added on every rank), a
     missing reduction (embedding partial sums, LayerNorm gradients), an untied head, a loss
     over a vocabulary shard, a clip norm over local gradients, or thermometers that read one
-    rank's heads (max logit) or local gradients (per-layer norm)."""
+    rank's heads (max logit) or local gradients (per-layer norm), or an evaluation loss
+    outside loss_parallel."""
     _assert_matches(reference, tp2)
     for result in tp2:
         assert result["param_types"] == {"DTensor"}  # clip, FSDP2 and DCP see one kind
