@@ -8,12 +8,16 @@ test launches: rank 1 fails after the process group is up while rank 0 waits for
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 TESTS = Path(__file__).parent
+ROOT = TESTS.parents[2]
 
 
 def _env() -> dict:
@@ -26,6 +30,69 @@ def _env() -> dict:
 def _trainer(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "bloomline.trainer", *args], env=_env(),
                           capture_output=True, text=True, timeout=timeout)
+
+
+def _train_records(run_dir) -> list[dict]:
+    lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["kind"] == "train"]
+
+
+def test_nproc_2_trains_like_one_process_and_writes_once(corpus, tmp_path, make_config):
+    """Bug: --nproc starts ranks that each train alone (world size 1), every rank writes
+    metrics.jsonl / checkpoints over the others', the arguments (--config, overrides) are not
+    forwarded, or dp2 trains on other samples than one process: 5 steps at dp2 must log each
+    step once, save a checkpoint both ranks wrote, and match one process's losses."""
+    pytest.importorskip("bloomline.trainer.parallel.data_parallel")  # TODO: lands soon
+    from bloomline.common.config import to_toml
+    from bloomline.trainer.loop import Trainer
+
+    settings = {"train": {"train_samples": 20, "log_interval": 1}}
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text(to_toml(make_config(corpus, tmp_path / "two", **settings)))
+    done = _trainer("pretrain", "--nproc", "2", "--config", str(recipe),
+                    "parallel.data_parallel=2")
+    assert done.returncode == 0, done.stderr
+    assert "pp1 x dp2 x tp1 = 2 processes" in done.stdout
+    Trainer(make_config(corpus, tmp_path / "one", **settings), log=lambda *_: None).run()
+    two, one = _train_records(tmp_path / "two"), _train_records(tmp_path / "one")
+    assert [r["step"] for r in two] == [1, 2, 3, 4, 5]  # once each: rank 0 writes
+    for got, want in zip(two, one, strict=True):
+        assert abs(got["loss"] - want["loss"]) <= 1e-5 * abs(want["loss"]), (got, want)
+    checkpoint = tmp_path / "two" / "checkpoints" / "step_00000005"
+    assert sorted(p.name for p in checkpoint.glob("*.distcp")) == ["__0_0.distcp",
+                                                                    "__1_0.distcp"]
+
+
+def test_slurm_script_starts_torchrun_with_a_rendezvous(corpus, tmp_path, make_config):
+    """Bug: the SLURM example does not run (a typo in torchrun's flags, the rendezvous host,
+    the module) or ignores its extra arguments: run under a stand-in srun/scontrol on one
+    node with 2 processes, it must train and checkpoint at tp2."""
+    from distributed import free_port
+
+    from bloomline.common.config import to_toml
+
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text(to_toml(make_config(corpus, tmp_path / "run",
+                                          train={"train_samples": 8, "log_interval": 1})))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    # srun: drop its options, run the command; scontrol show hostnames: this host
+    (bin_dir / "srun").write_text('#!/bin/sh\nwhile [ "${1#-}" != "$1" ]; do shift; done\n'
+                                  'exec "$@"\n')
+    (bin_dir / "scontrol").write_text("#!/bin/sh\necho localhost\n")
+    for tool in ("srun", "scontrol"):
+        (bin_dir / tool).chmod(0o755)
+    env = dict(_env(), PATH=os.pathsep.join([str(bin_dir), str(Path(sys.executable).parent),
+                                             os.environ["PATH"]]),
+               SLURM_NNODES="1", SLURM_JOB_NODELIST="localhost", SLURM_JOB_ID="4242",
+               GPUS_PER_NODE="2", PORT=str(free_port()), RECIPE=str(recipe))
+    done = subprocess.run(["bash", str(ROOT / "configs" / "slurm" / "pretrain.sbatch"),
+                           "parallel.tensor_parallel=2"], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "pp1 x dp1 x tp2 = 2 processes" in done.stdout
+    assert [r["step"] for r in _train_records(tmp_path / "run")] == [1, 2]
+    assert (tmp_path / "run" / "checkpoints" / "step_00000002" / ".metadata").is_file()
 
 
 def test_a_bad_layout_ends_every_rank_with_one_line():
