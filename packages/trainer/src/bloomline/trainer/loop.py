@@ -42,6 +42,7 @@ from bloomline.trainer.parallel import (
     set_gradient_sync,
     world_info,
 )
+from bloomline.trainer.parallel.memory import memory_record
 from bloomline.trainer.precision import Precision
 
 __all__ = ["Trainer", "clip_grad_norm", "lm_loss", "resolve_device"]
@@ -375,7 +376,10 @@ class Trainer:
                 "global_batch_size": size,
                 "consumed_samples": self.state["consumed_samples"],
                 "consumed_tokens": self.state["consumed_tokens"],
-                "skipped_steps": self.state["skipped_steps"]}
+                "skipped_steps": self.state["skipped_steps"],
+                # model states this rank holds (its local shards): parallel/memory.py
+                **memory_record(self.model, self.optimizer, self.device,
+                                self.cfg.parallel.offload)}
 
 
 class _Profiler:

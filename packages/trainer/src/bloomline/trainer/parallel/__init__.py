@@ -24,9 +24,10 @@ __all__ = ["Layout", "build_mesh", "init_distributed", "parallelize", "resolve_l
 
 def set_gradient_sync(model, enabled: bool) -> None:
     """Whether the next backward reduces gradients over dp (off for all but the last
-    micro-batch of a step). A no-op for a model without data parallelism."""
-    setter = getattr(model, "set_requires_gradient_sync", None)  # FSDP2 and our DDP wrapper
-    if setter is not None:
+    micro-batch of a step). A no-op for a model without data parallelism, and for ZeRO-2/3,
+    which reduce-scatter after every micro-batch to keep gradients sharded (data_parallel.py)."""
+    setter = getattr(model, "set_requires_gradient_sync", None)  # FSDP2's (replicate, shard)
+    if setter is not None and not getattr(model, "reduce_every_micro_batch", False):
         setter(enabled)
 
 

@@ -1,0 +1,116 @@
+"""Model-state memory per rank: the bytes of parameters, gradients and optimizer state this
+rank holds on the device and on the host, measured from the tensors it keeps, and the ZeRO
+paper's figures for the stage to compare them with.
+
+Measured: each tensor's *local* part (a DTensor's ``to_local()``: a tp, FSDP2 or ZeRO-1 shard),
+counted by its storage, once per storage (FSDP2's shards are views of padded buffers: the
+padding of uneven shards is counted, views sharing a buffer are not counted twice). What is
+counted is what is registered at the moment of the call: between steps the sharded
+parameters, and in a forward hook the full copies FSDP2 computes with (``data_parallel.py``
+says which stage holds what when). Gradients: the ones that exist; between steps, when the
+trainer has freed them (``zero_grad(set_to_none=True)``), the bytes they take at the optimizer
+step, which is each parameter's local shard (FSDP2's sharded gradient has the sharded
+parameter's shape; a replicated one the whole parameter's). Optimizer state: every state
+tensor but scalars (Adam's step count is not a model state in the paper's count).
+
+Host or device: a tensor in CPU memory while training runs on an accelerator is on the host;
+with ``parallel.offload`` every model state is (FSDP2's CPUOffloadPolicy keeps parameter
+shards, their gradients and the optimizer state there), which is how a CPU-only run, where
+host and device are the same memory, reports it.
+
+Formula (``zero_model_state_bytes``), ZeRO (Rajbhandari et al., 2020) in our units: Ψ
+parameters, fp32 parameters 4 bytes each, fp32 gradients 4, Adam's m and v 8; stage 1 divides
+the optimizer state by dp, stage 2 the gradients too, stage 3 the parameters too; offload
+moves parameters, gradients and optimizer state to the host. (The paper's mixed-precision
+units, 2 + 2 + 12 with the fp32 master copy in the optimizer state, describe another
+precision policy: ours keeps fp32 parameters and autocasts.)
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+__all__ = ["memory_record", "model_state_bytes", "zero_model_state_bytes"]
+
+KINDS = ("params", "grads", "optim")
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
+class _Counter:
+    """Bytes per (kind, place), each storage counted once."""
+
+    def __init__(self, device: torch.device, offload: bool) -> None:
+        self.device, self.offload = torch.device(device), offload
+        self.seen: set[tuple[str, int]] = set()
+        self.bytes = {f"{kind}_{place}": 0 for kind in KINDS for place in ("device", "host")}
+
+    def place(self, tensor: torch.Tensor) -> str:
+        on_cpu = tensor.device.type == "cpu"
+        return "host" if on_cpu and (self.device.type != "cpu" or self.offload) else "device"
+
+    def add(self, kind: str, tensor: torch.Tensor) -> None:
+        local = _local(tensor)
+        storage = local.untyped_storage()
+        key = (local.device.type, storage.data_ptr())
+        if storage.nbytes() == 0 or key in self.seen:
+            return
+        self.seen.add(key)
+        self.bytes[f"{kind}_{self.place(local)}"] += storage.nbytes()
+
+    def add_size(self, kind: str, like: torch.Tensor) -> None:
+        local = _local(like)
+        self.bytes[f"{kind}_{self.place(local)}"] += local.numel() * local.element_size()
+
+
+def model_state_bytes(model: nn.Module, optimizer=None, device: torch.device | str = "cpu",
+                      offload: bool = False) -> dict[str, int]:
+    """Bytes this rank holds, by ``{params,grads,optim}_{device,host}``: see the module
+    docstring for what is counted and when."""
+    counter = _Counter(device, offload)
+    params = [p for p in model.parameters()]
+    for param in params:
+        counter.add("params", param)
+    for param in params:
+        if param.grad is not None:
+            counter.add("grads", param.grad)
+        elif param.requires_grad:
+            counter.add_size("grads", param)
+    if optimizer is not None:
+        for state in optimizer.state.values():
+            for value in state.values():
+                if isinstance(value, torch.Tensor) and value.ndim > 0:
+                    counter.add("optim", value)
+    return counter.bytes
+
+
+def zero_model_state_bytes(num_params: int, stage: int, dp: int,
+                           offload: bool = False) -> dict[str, float]:
+    """The ZeRO paper's per-rank bytes for ``num_params`` (the parameters one replica holds on
+    this rank) at ``stage`` over ``dp`` ranks, by ``{params,grads,optim}_{device,host}``."""
+    params, grads, optim = 4.0 * num_params, 4.0 * num_params, 8.0 * num_params
+    if stage >= 1:
+        optim /= dp
+    if stage >= 2:
+        grads /= dp
+    if stage >= 3:
+        params /= dp
+    where, other = ("host", "device") if offload else ("device", "host")
+    figures = {"params": params, "grads": grads, "optim": optim}
+    return {**{f"{kind}_{where}": value for kind, value in figures.items()},
+            **{f"{kind}_{other}": 0.0 for kind in KINDS}}
+
+
+def memory_record(model: nn.Module, optimizer, device: torch.device | str,
+                  offload: bool = False) -> dict[str, float]:
+    """The log record's model-state figures in GB (1e9 bytes): ``memory_params_gb``,
+    ``memory_grads_gb``, ``memory_optim_gb`` (device) and ``memory_host_*_gb``."""
+    counted = model_state_bytes(model, optimizer, device, offload)
+    record = {}
+    for kind in KINDS:
+        record[f"memory_{kind}_gb"] = counted[f"{kind}_device"] / 1e9
+        record[f"memory_host_{kind}_gb"] = counted[f"{kind}_host"] / 1e9
+    return record

@@ -1,0 +1,281 @@
+"""Data parallelism with ZeRO stages 0-3 and CPU offload (``parallel/data_parallel.py``,
+``parallel/memory.py``), proven against one process on CPU with gloo.
+
+Every distributed case runs in one 2-process spawn (``_all_cases``: starting the processes
+costs more than the cases); each test reads its part of the results. Tolerances:
+
+- fp32 losses within 1e-5 relative, gradient norms within 1e-5 relative, parameters within
+  1e-5 absolute (seen: <= 5e-7), except the attention key biases, within LR / 10: their
+  gradient is zero in exact arithmetic (q.b_k shifts all of a query's scores alike, softmax
+  ignores it), so they get rounding noise (~1e-10) that Adam (eps 1e-8) turns into updates of
+  up to ~lr/100 per step, and any change of summation order (dp's averaging) moves them.
+- Gradient clipping is on in every case (``CLIP`` is below the tiny model's gradient norm, so
+  every step is scaled by it): a norm that is not the global one changes the update.
+- Memory: exact bytes. The tiny model's dim 0 sizes are all even, so dp2 shards have no
+  padding; with padding, FSDP2 adds at most dp - 1 rows per tensor.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from distributed import run_distributed
+from equivalence import (
+    GBS,
+    LR,
+    MBS,
+    SEQ,
+    VOCAB,
+    assert_same_training,
+    equivalence_config,
+    run_steps,
+)
+
+STAGES = {"zero0": {"zero_stage": 0}, "zero1": {"zero_stage": 1}, "zero2": {"zero_stage": 2},
+          "zero3": {"zero_stage": 3}, "offload": {"zero_stage": 3, "offload": True}}
+CLIP = 0.5  # the tiny model's gradient norms are ~0.9: every step clips
+HEADS = equivalence_config().model.num_heads
+DP = 2
+
+
+def _sections(**extra) -> dict:
+    return {"optimizer": {"clip_grad": CLIP}, **extra}
+
+
+# -- what every rank runs ---------------------------------------------------------------------
+
+
+def _batches(steps: int = 5, seed: int = 0) -> list[torch.Tensor]:
+    """The global batches of ``equivalence.run_steps``."""
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, VOCAB, (GBS, SEQ + 1), generator=generator) for _ in range(steps)]
+
+
+def _train(trainer, batches: list[torch.Tensor]) -> list[float]:
+    """``run_steps``' loop: this dp rank's Megatron slices of each global batch."""
+    dp, rank = trainer.layout.dp, trainer.layout.dp_rank
+    losses = []
+    for batch in batches:
+        micro = [batch[k * MBS * dp + rank * MBS: k * MBS * dp + (rank + 1) * MBS]
+                 for k in range(GBS // (MBS * dp))]
+        losses.append(trainer.train_step(micro, LR)["loss"])
+    return losses
+
+
+def _memory_case(parallel: dict) -> dict:
+    """Model-state bytes at the end of forward, at the optimizer step and between steps, the
+    formula, and the log record's figures."""
+    from bloomline.trainer.loop import Trainer
+    from bloomline.trainer.parallel.memory import model_state_bytes, zero_model_state_bytes
+
+    trainer = Trainer(equivalence_config(**_sections(parallel=parallel)), log=lambda *_: None)
+    offload = trainer.cfg.parallel.offload
+    seen = {}
+
+    def measure(when: str):
+        def hook(*_):
+            seen.setdefault(when, model_state_bytes(trainer.model, trainer.optimizer, "cpu",
+                                                    offload))
+        return hook
+
+    trainer.model.register_forward_hook(measure("forward"))
+    trainer.optimizer.register_step_pre_hook(measure("step"))
+    dp, rank = trainer.layout.dp, trainer.layout.dp_rank
+    batch = _batches(1)[0]
+    micro = [batch[k * MBS * dp + rank * MBS: k * MBS * dp + (rank + 1) * MBS]
+             for k in range(GBS // (MBS * dp))]
+    result = trainer.train_step(micro, LR, thermometers=True)
+    seen["rest"] = model_state_bytes(trainer.model, trainer.optimizer, "cpu", offload)
+    seen["formula"] = zero_model_state_bytes(trainer.cfg.model.num_parameters(),
+                                             parallel["zero_stage"], dp, offload)
+    window = {"start": 0.0, "tokens": 1, "samples": 1, "steps": 1}
+    record = trainer._record(result, LR, GBS, SEQ, window)
+    seen["record"] = {k: v for k, v in record.items() if k.startswith("memory_")
+                      and k != "memory_gb"}
+    seen["thermometers"] = sorted(result["thermometers"])
+    return seen
+
+
+def _resume_case(parallel: dict, run_dir: str) -> dict:
+    """3 steps, save, a new Trainer resumes, 2 more steps."""
+    import torch.distributed as dist
+
+    from bloomline.trainer.loop import Trainer
+
+    cfg = lambda: equivalence_config(run_dir, **_sections(parallel=parallel))  # noqa: E731
+    batches = _batches(5)
+    first = Trainer(cfg(), log=lambda *_: None)
+    losses = _train(first, batches[:3])
+    first.state["step"] = 3
+    first.save()
+    dist.barrier()  # rank 0 renames the finished checkpoint folder after DCP's own barrier
+    second = Trainer(cfg(), log=lambda *_: None)
+    assert second.resume() is not None and second.state["step"] == 3
+    losses += _train(second, batches[3:])
+    return {"losses": losses, "params": second.full_model_state()}
+
+
+def _bf16_case() -> dict:
+    """dp2 ZeRO-3 in bf16: losses, and the sharded gradients as the optimizer sees them."""
+    from torch.distributed.tensor import DTensor
+
+    from bloomline.trainer.loop import Trainer
+
+    cfg = equivalence_config(**_sections(parallel=STAGES["zero3"], precision={"dtype": "bf16"}))
+    trainer = Trainer(cfg, log=lambda *_: None)
+    grads = {}
+
+    def look(*_):
+        if grads:
+            return
+        for name, param in trainer.model.named_parameters():
+            local = param.grad.to_local()
+            grads[name] = {"dtype": str(local.dtype), "sharded": isinstance(param.grad, DTensor)
+                           and local.shape[0] * DP == param.shape[0],
+                           # fp32 values a bf16 reduction would have rounded away
+                           "beyond_bf16": int((local.bfloat16().float() != local).sum())}
+
+    trainer.optimizer.register_step_pre_hook(look)
+    return {"losses": _train(trainer, _batches(5)), "grads": grads}
+
+
+def _nan_case(parallel: dict) -> dict:
+    """A step whose loss is NaN on rank 1 only: both ranks must skip it."""
+    import torch.distributed as dist
+
+    from bloomline.trainer.loop import Trainer
+
+    trainer = Trainer(equivalence_config(**_sections(parallel=parallel)), log=lambda *_: None)
+    batches = _batches(2)
+    _train(trainer, batches[:1])
+    before = trainer.full_model_state()
+    if dist.get_rank() == 1:
+        handle = trainer.model.h["0"].register_forward_hook(lambda m, i, out: out * math.nan)
+    result = trainer.train_step([batches[1][:MBS], batches[1][MBS:2 * MBS]], LR)
+    if dist.get_rank() == 1:
+        handle.remove()
+    after = trainer.full_model_state()
+    return {"skipped": result["skipped"],
+            "unchanged": all(torch.equal(before[k], after[k]) for k in before)}
+
+
+def _all_cases(run_dir: str) -> dict:
+    return {"stages": {name: run_steps(_sections(parallel=parallel))
+                       for name, parallel in STAGES.items()},
+            "memory": {name: _memory_case(parallel) for name, parallel in STAGES.items()},
+            "resume": {name: _resume_case(STAGES[name], f"{run_dir}/{name}")
+                       for name in ("zero1", "zero3")},
+            "bf16": _bf16_case(),
+            "nan": {name: _nan_case(STAGES[name]) for name in ("zero1", "zero3")}}
+
+
+# -- the tests --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> list[dict]:
+    return run_distributed(DP, _all_cases, str(tmp_path_factory.mktemp("zero")))
+
+
+@pytest.fixture(scope="module")
+def reference() -> dict:
+    return run_steps(_sections())
+
+
+def _key_biases_apart(params: dict) -> tuple[dict, dict]:
+    """(params with the attention key biases zeroed, the key biases): see the tolerances."""
+    rest, keys = dict(params), {}
+    for name, value in params.items():
+        if name.endswith("self_attention.query_key_value.bias"):
+            per_head = value.view(HEADS, 3, -1).clone()  # BLOOM's [heads, (q, k, v), head_dim]
+            keys[name] = per_head[:, 1].clone()
+            per_head[:, 1] = 0
+            rest[name] = per_head.view_as(value)
+    return rest, keys
+
+
+def _assert_same(reference: dict, result: dict) -> None:
+    ref_rest, ref_keys = _key_biases_apart(reference["params"])
+    got_rest, got_keys = _key_biases_apart(result["params"])
+    assert_same_training({**reference, "params": ref_rest}, {**result, "params": got_rest})
+    for name, want in ref_keys.items():
+        error = (got_keys[name] - want).abs().max().item()
+        assert error <= LR / 10, f"{name} (key part): max |difference| {error:.3g}"
+    for step, (want, got) in enumerate(zip(reference["grad_norms"], result["grad_norms"],
+                                           strict=True)):
+        assert abs(got - want) <= 1e-5 * want, f"step {step}: grad norm {got} vs {want}"
+
+
+@pytest.mark.parametrize("stage", list(STAGES))
+def test_dp2_trains_like_one_process(runs, reference, stage):
+    """Bug: a stage reduces gradients wrongly (summed instead of averaged, skipped on the
+    accumulated micro-batches, reduced twice), ZeRO-1 steps or gathers the wrong slice, offload
+    loses the update, clipping uses a per-rank norm, or the ranks' replicas drift apart: 5 steps
+    at dp2 must give one process's losses, gradient norms and parameters on both ranks."""
+    assert reference["grad_norms"][0] > CLIP  # the clipping path is exercised
+    for rank_result in runs:
+        _assert_same(reference, rank_result["stages"][stage])
+
+
+@pytest.mark.parametrize("stage", list(STAGES))
+def test_model_state_memory_matches_zero_formula(runs, stage):
+    """Bug: a stage keeps more than it should (whole gradients at ZeRO-2, whole optimizer state
+    at ZeRO-1, parameters on the device under offload) or memory.py miscounts shards: the
+    bytes each rank holds must equal ZeRO's formula, where the parameters are counted while
+    computing (end of forward: whole for stages 0-2, shards for 3) and between steps (shards
+    from stage 2 on: FSDP2 reshards after backward)."""
+    for rank_result in runs:
+        seen = rank_result["memory"][stage]
+        formula = seen["formula"]
+        for kind in ("params", "grads", "optim"):
+            for place in ("device", "host"):
+                key, want = f"{kind}_{place}", formula[f"{kind}_{place}"]
+                if kind == "params":
+                    assert seen["forward"][key] == want, (key, seen["forward"])
+                    at_rest = want / DP if stage == "zero2" else want
+                    assert seen["rest"][key] == at_rest, (key, seen["rest"])
+                elif kind == "grads":
+                    assert seen["step"][key] == want, (key, seen["step"])  # as reduced
+                    assert seen["rest"][key] == want, (key, seen["rest"])  # their size
+                else:
+                    assert seen["rest"][key] == want, (key, seen["rest"])
+                record = f"memory_{'host_' if place == 'host' else ''}{kind}_gb"
+                assert seen["record"][record] == pytest.approx(seen["rest"][key] / 1e9)
+        assert seen["thermometers"]  # set_thermometers still reaches the blocks
+
+
+@pytest.mark.parametrize("stage", ["zero1", "zero3"])
+def test_checkpoint_resume_equals_straight_run(runs, stage):
+    """Bug: the ZeRO-1 optimizer state (our own sharding) or FSDP2's sharded state is not
+    saved or not loaded back (DCP sees no sharded state, names differ, the inner state is not
+    refilled): 3 steps + save + resume + 2 steps must equal 5 straight steps exactly."""
+    for rank_result in runs:
+        straight, resumed = rank_result["stages"][stage], rank_result["resume"][stage]
+        assert resumed["losses"] == straight["losses"]
+        for name, want in straight["params"].items():
+            assert torch.equal(resumed["params"][name], want), name
+
+
+def test_bf16_zero3_keeps_fp32_gradients_and_matches_one_process(runs):
+    """Bug: under bf16 the ZeRO-3 gradients are accumulated or reduced in bf16 (FSDP2 reduces
+    in the compute dtype unless told otherwise): the sharded gradients the optimizer sees must
+    be fp32 with values a bf16 reduction would have rounded, and the losses must follow one
+    bf16 process's."""
+    reference = run_steps(_sections(precision={"dtype": "bf16"}))
+    for rank_result in runs:
+        grads = rank_result["bf16"]["grads"]
+        assert grads and all(g["dtype"] == "torch.float32" and g["sharded"]
+                             for g in grads.values()), grads
+        assert sum(g["beyond_bf16"] for g in grads.values()) > 0
+        for want, got in zip(reference["losses"], rank_result["bf16"]["losses"], strict=True):
+            assert abs(got - want) <= 2e-3 * want, (got, want)
+
+
+@pytest.mark.parametrize("stage", ["zero1", "zero3"])
+def test_non_finite_step_is_skipped_on_every_rank(runs, stage):
+    """Bug: one rank's NaN is seen by that rank only, so it skips the step while the other
+    steps (replicas diverge, or FSDP2's collectives stop matching)."""
+    for rank_result in runs:
+        assert rank_result["nan"][stage] == {"skipped": True, "unchanged": True}
