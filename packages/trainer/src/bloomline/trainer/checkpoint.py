@@ -64,6 +64,16 @@ def _set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def _options():
+    """Optimizer state flattened to one entry per parameter name (``state.NAME.exp_avg``,
+    ``param_groups.NAME.lr``): pipeline stages hold different parameter groups, and DCP would
+    keep one rank's unflattened ``param_groups`` list for all of them (loading the wrong
+    groups on the other stages); by name, it reshards across layouts as the tensors do."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(flatten_optimizer_state_dict=True)
+
+
 def save_checkpoint(run_dir: str | Path, step: int, model, optimizer, trainer_state: dict,
                     config, keep_last: int, is_writer: bool = True) -> Path:
     """Write checkpoint ``step`` atomically and prune to the newest ``keep_last``."""
@@ -75,7 +85,7 @@ def save_checkpoint(run_dir: str | Path, step: int, model, optimizer, trainer_st
     if is_writer:
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
-    model_state, optim_state = get_state_dict(model, optimizer)
+    model_state, optim_state = get_state_dict(model, optimizer, options=_options())
     context = _quiet()
     try:
         _dcp().save({"model": model_state, "optim": optim_state}, checkpoint_id=str(partial))
@@ -148,7 +158,7 @@ def load_checkpoint(checkpoint: str | Path, model, optimizer=None) -> dict:
 
         state = {"model": get_model_state_dict(model)}
     else:
-        model_state, optim_state = get_state_dict(model, optimizer)
+        model_state, optim_state = get_state_dict(model, optimizer, options=_options())
         state = {"model": model_state, "optim": optim_state}
     context = _quiet()
     try:
@@ -159,6 +169,6 @@ def load_checkpoint(checkpoint: str | Path, model, optimizer=None) -> dict:
         set_model_state_dict(model, state["model"])
         return json.loads(state_path.read_text())
     set_state_dict(model, optimizer, model_state_dict=state["model"],
-                   optim_state_dict=state["optim"])
+                   optim_state_dict=state["optim"], options=_options())
     _set_rng_state(torch.load(checkpoint / "rng.pt", weights_only=False))
     return json.loads(state_path.read_text())

@@ -116,7 +116,15 @@ class Trainer:
         self.loss_fn = torch.compile(lm_loss) if cfg.train.compile else lm_loss
         # tp: vocabulary-sharded logits, cross-entropy without gathering them
         self.loss_context = loss_parallel if self.layout.tp > 1 else contextlib.nullcontext
-        parallelize(self.model, self.mesh, self.layout, cfg)
+        self.pipeline = None
+        if self.layout.pp > 1:  # this rank keeps its stages only, each parallelized
+            from bloomline.trainer.parallel.pipeline import build_pipeline
+
+            self.pipeline = build_pipeline(self.model, self.mesh, self.layout, cfg,
+                                           self.device, self.loss_fn, self.loss_context)
+            self.model = self.pipeline.model  # the stages' modules, single-process names
+        else:
+            parallelize(self.model, self.mesh, self.layout, cfg)
         self.optimizer = build_optimizer(self.model, cfg.optimizer)
         if self.layout.dp > 1 and cfg.parallel.zero_stage == 1:
             from bloomline.trainer.parallel.data_parallel import shard_optimizer_state
@@ -135,6 +143,9 @@ class Trainer:
         tensors), clip, and step (or skip the step when the loss or a gradient is not
         finite). Returns loss, grad_norm, skipped and, with ``thermometers``, the per-layer
         readings."""
+        if self.pipeline is not None:  # the schedule runs forward/backward over the stages
+            return self.pipeline.train_step(micro_batches, lr, self.optimizer, self.precision,
+                                            thermometers)
         model, precision = self.model, self.precision
         model.train()
         for group in self.optimizer.param_groups:
@@ -173,6 +184,8 @@ class Trainer:
     def full_model_state(self) -> dict[str, torch.Tensor]:
         """The whole model's parameters as plain CPU tensors under the single-process names,
         on every rank (gathers shards: for tests, export and small models)."""
+        if self.pipeline is not None:
+            return self.pipeline.full_model_state()
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,
             get_model_state_dict,
@@ -193,6 +206,8 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self, samples, num_samples: int) -> dict:
+        if self.pipeline is not None:
+            return self.pipeline.evaluate(samples, num_samples)
         self.model.eval()
         mbs = self.cfg.train.micro_batch_size
         losses = []

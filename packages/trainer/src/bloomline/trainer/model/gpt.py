@@ -81,12 +81,16 @@ class GPT(nn.Module):
         # blocks it does not hold and the rest keep their names, so checkpoints reshard
         self.h = nn.ModuleDict({str(i): Block(cfg) for i in range(cfg.num_layers)})
         self.ln_f = LayerNorm(cfg.hidden_size, cfg.layernorm_epsilon, cfg.layernorm_fp32)
+        # False on pipeline stages after the first: they take hidden states (the last stage
+        # keeps word_embeddings only as the tied head's weight)
+        self.embeds_tokens = True
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """``input_ids`` [b, L] -> logits [b, L, vocab]. A pipeline stage without the
-        embedding (``word_embeddings`` None) takes hidden states [b, L, h] instead, and one
-        without the head (``ln_f`` None) returns hidden states."""
-        x = self.embed(input_ids) if self.word_embeddings is not None else input_ids
+        embedding (``word_embeddings`` None or ``embeds_tokens`` False) takes hidden states
+        [b, L, h] instead, and one without the head (``ln_f`` None) returns hidden states."""
+        embeds = self.embeds_tokens and self.word_embeddings is not None
+        x = self.embed(input_ids) if embeds else input_ids
         bias = self.attention_bias(x.shape[1], x.device)
         for block in self.h.values():
             x = block(x, bias)

@@ -1,0 +1,233 @@
+"""Pipeline parallelism (torch.distributed.pipelining) trains exactly like one process: same
+losses, gradient norms and parameters after 5 steps for every schedule and for pp composed
+with dp and tp; the stage partitioners and activation checkpointing on their own.
+
+CPU processes joined by gloo, fp32, the equivalence model (4 layers). The 8-process
+pp2 x dp2 x tp2 run is marked slow; the rest runs in CI (~1-2 minutes on 2 cores).
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+import torch
+from distributed import run_distributed
+from equivalence import (
+    LR,
+    VOCAB,
+    assert_same_training,
+    equivalence_config,
+    run_steps,
+)
+from pipeline_workers import resume_run, train_evaluate_inspect
+
+from bloomline.trainer.model import build_model
+from bloomline.trainer.model.config import ModelConfig
+from bloomline.trainer.parallel.activation_checkpoint import apply_activation_checkpointing
+from bloomline.trainer.parallel.partition import (
+    balanced_split,
+    layer_costs,
+    partition_layers,
+    stage_cost,
+    uniform_split,
+)
+
+# -- helpers -----------------------------------------------------------------------------
+
+
+_HEADS = equivalence_config().model.num_heads
+
+
+def _key_bias_apart(params: dict) -> tuple[dict, dict]:
+    """(params with the attention key biases zeroed, the key biases)."""
+    rest, keys = dict(params), {}
+    for name, value in params.items():
+        if name.endswith("self_attention.query_key_value.bias"):
+            per_head = value.view(_HEADS, 3, -1)  # BLOOM's [heads, (q, k, v), head_dim]
+            keys[name] = per_head[:, 1].clone()
+            zeroed = per_head.clone()
+            zeroed[:, 1] = 0
+            rest[name] = zeroed.view_as(value)
+    return rest, keys
+
+
+def assert_same(reference: dict, result: dict, norm_rtol: float = 1e-5) -> None:
+    """``assert_same_training`` plus the gradient norms, with the attention key biases
+    compared apart, looser: their gradient is zero in exact arithmetic (adding q.b_k shifts
+    all of a query's scores alike, and softmax ignores that), so what they get is rounding
+    noise (~1e-10) that Adam normalizes into updates of order lr. Any change of summation
+    order (the tied embedding's gradient sums the stages' parts in another order than one
+    process's accumulation) moves them by up to ~lr/50 in 5 steps, and nothing else by more
+    than ~1e-7."""
+    ref_rest, ref_keys = _key_bias_apart(reference["params"])
+    got_rest, got_keys = _key_bias_apart(result["params"])
+    assert_same_training({**reference, "params": ref_rest}, {**result, "params": got_rest})
+    for name, want in ref_keys.items():
+        error = (got_keys[name] - want).abs().max().item()
+        assert error <= LR / 10, f"{name} (key part): max |difference| {error:.3g}"
+    for step, (want, got) in enumerate(zip(reference["grad_norms"], result["grad_norms"],
+                                           strict=True)):
+        assert abs(got - want) <= norm_rtol * want, f"step {step}: grad norm {got} vs {want}"
+
+
+_REFERENCES: dict = {}
+
+
+def reference(**sections) -> dict:
+    """The single-process run (cached per settings: each takes a few seconds)."""
+    key = repr(sorted((k, sorted(v.items())) for k, v in sections.items()))
+    if key not in _REFERENCES:
+        _REFERENCES[key] = run_steps(sections)
+    return _REFERENCES[key]
+
+
+# -- partitioning -------------------------------------------------------------------------
+
+
+def test_balanced_split_is_optimal_against_brute_force():
+    """Bug: the dynamic programme misses the best split (an off-by-one in the cut range, the
+    embedding or head cost on the wrong stage), leaving a slower bottleneck stage."""
+    rng = random.Random(0)
+    for _ in range(60):
+        n = rng.randint(1, 8)
+        costs = [rng.choice([rng.random(), float(rng.randint(1, 5))]) for _ in range(n)]
+        first, last = rng.random() * 4, rng.random() * 4
+        for k in range(1, n + 1):
+            stages = balanced_split(costs, k, first, last)
+            assert [i for s in stages for i in s] == list(range(n))  # contiguous, complete
+            assert all(len(s) >= 1 for s in stages) and len(stages) == k
+            best = min(max(stage_cost(costs, [range(a, b) for a, b in
+                                              zip((0, *cuts), (*cuts, n), strict=True)],
+                                      first, last))
+                       for cuts in itertools.combinations(range(1, n), k - 1))
+            assert max(stage_cost(costs, stages, first, last)) == pytest.approx(best)
+
+
+def test_uniform_split_gives_the_remainder_to_the_middle():
+    """Bug: the extra layers pile onto the first or last stage, which already carry the
+    embedding and the head."""
+    assert [len(s) for s in uniform_split(10, 4)] == [2, 3, 3, 2]
+    assert [len(s) for s in uniform_split(7, 3)] == [2, 3, 2]
+    assert [len(s) for s in uniform_split(5, 3)] == [2, 2, 1]
+    assert [len(s) for s in uniform_split(8, 4)] == [2, 2, 2, 2]
+    with pytest.raises(ValueError):
+        uniform_split(2, 3)
+
+
+def _wide_vocab_model():
+    cfg = ModelConfig()
+    cfg.vocab_size, cfg.hidden_size, cfg.num_layers, cfg.num_heads = 512, 32, 8, 4
+    return build_model(cfg), cfg
+
+
+def test_parameter_partition_counts_the_embedding_and_the_tied_head():
+    """Bug: the embedding or the head's copy of it is left out of the count, so the outer
+    stages of a large-vocabulary model hold as many blocks as the others and run out of
+    memory first."""
+    model, mcfg = _wide_vocab_model()
+    embed, blocks, head = layer_costs(model, "parameters")
+    assert embed == 512 * 32 + 2 * 32 and head == 512 * 32 + 2 * 32
+    assert blocks == [sum(p.numel() for p in model.h["0"].parameters())] * 8
+    cfg = equivalence_config(parallel={"partition": "parameters"})
+    cfg.model = mcfg
+    stages = partition_layers(model, cfg, 4)
+    # the embedding and the head weigh ~1.3 blocks each: [2, 2, 2, 2] would put 3.3 blocks'
+    # worth on the outer stages, [1, 3, 3, 1] at most 3
+    assert [len(s) for s in stages] == [1, 3, 3, 1]
+
+
+def test_profile_partition_measures_every_layer_and_splits():
+    """Bug: profiling leaves its gradients on the model (the first step would add them), or
+    skips the embedding/head, or fails on the run's micro-batch shape."""
+    model, mcfg = _wide_vocab_model()
+    embed, blocks, head = layer_costs(model, "profile", micro_batch_size=2, seq_length=16,
+                                      repeats=1)
+    assert embed > 0 and head > 0 and len(blocks) == 8 and min(blocks) > 0
+    assert all(p.grad is None for p in model.parameters())
+    cfg = equivalence_config(parallel={"partition": "profile"})
+    cfg.model = mcfg
+    stages = partition_layers(model, cfg, 4)
+    assert [i for s in stages for i in s] == list(range(8))
+
+
+# -- activation checkpointing ---------------------------------------------------------------
+
+
+def _saved_bytes(model, tokens) -> int:
+    total = 0
+
+    def pack(tensor):
+        nonlocal total
+        total += tensor.numel() * tensor.element_size()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(tokens).sum().backward()
+    return total
+
+
+@pytest.mark.parametrize("mode", ["full", "selective"])
+def test_activation_checkpointing_trains_the_same_and_keeps_names(mode):
+    """Bug: recomputation changes the numbers (RNG, a missed input), renames parameters
+    (``_checkpoint_wrapped_module.``, breaking checkpoints and HF export), or silently does
+    nothing (activation memory unchanged)."""
+    assert_same(reference(), run_steps({"parallel": {"activation_checkpoint": mode}}),
+                norm_rtol=1e-6)
+    cfg = equivalence_config().model
+    plain, checked = build_model(cfg), build_model(cfg)
+    apply_activation_checkpointing(checked, mode)
+    assert list(checked.state_dict()) == list(plain.state_dict())
+    tokens = torch.randint(0, VOCAB, (2, 128))  # long enough for L x L scores to matter
+    saved, plain_saved = _saved_bytes(checked, tokens), _saved_bytes(plain, tokens)
+    assert saved < (0.3 if mode == "full" else 0.7) * plain_saved
+
+
+# -- pipeline equivalence -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("schedule, partition", [
+    ("gpipe", "parameters"), ("1f1b", "profile"), ("interleaved", "uniform")])
+def test_pp2_trains_like_one_process(schedule, partition):
+    """Bug: a schedule mis-scales the micro-batch losses (sum vs mean), a stage drops or
+    duplicates blocks, the interleaved stages are assigned to the wrong ranks, the tied
+    embedding's gradient misses the head's part, the clipping norm misses a stage or counts
+    the tied weight twice, or the loss is only known on the last stage."""
+    parallel = {"pipeline_parallel": 2, "pipeline_schedule": schedule, "partition": partition}
+    # interleaved: 4 stages of one layer each; clip below the norm to exercise clipping
+    sections = {"optimizer": {"clip_grad": 0.5}} if schedule == "interleaved" else {}
+    want = reference(**sections)
+    for got in run_distributed(2, run_steps, {"parallel": parallel, **sections}):
+        assert_same(want, got)
+
+
+def test_pp2_tied_copies_evaluation_and_thermometers():
+    """Bug: the last stage's copy of the tied embedding drifts from the first stage's (no
+    gradient all-reduce, or a different update), evaluation under pipelining averages
+    micro-batches wrongly or fails on a remainder, or the per-layer thermometers come back
+    for one stage's layers only or out of order."""
+    want = train_evaluate_inspect({})
+    got = run_distributed(2, train_evaluate_inspect,
+                          {"parallel": {"pipeline_parallel": 2, "pipeline_schedule": "1f1b"}})
+    assert torch.equal(got[0]["tied"], got[1]["tied"])  # bit-identical copies
+    assert torch.allclose(got[0]["tied"], want["tied"], atol=1e-6)
+    for rank in got:
+        assert rank["valid"] == pytest.approx(want["valid"], rel=1e-6)
+        for key, values in want["thermometers"].items():
+            assert len(rank["thermometers"][key]) == 4
+            assert rank["thermometers"][key] == pytest.approx(values, rel=1e-4, abs=1e-6), key
+
+
+def test_pp2_checkpoint_resumes_exactly(tmp_path):
+    """Bug: a stage saves its modules under stage-local names, the tied weight is saved twice
+    or not at all, the optimizer's per-stage parameter groups overwrite each other in the
+    checkpoint, or resuming loses a stage's state (the continued losses would differ)."""
+    want = reference()
+    parallel = {"parallel": {"pipeline_parallel": 2, "pipeline_schedule": "gpipe"}}
+    got = run_distributed(2, resume_run, parallel, str(tmp_path / "pp"))
+    single = resume_run({}, str(tmp_path / "single"))
+    for rank in got:  # the same names as one process's, the tied weight's state once
+        assert rank["keys"] == single["keys"]
+        assert_same({"losses": want["losses"][2:], "params": want["params"],
+                     "grad_norms": []}, {**rank, "grad_norms": []})
