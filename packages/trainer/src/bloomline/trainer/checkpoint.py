@@ -84,7 +84,8 @@ def save_checkpoint(run_dir: str | Path, step: int, model, optimizer, trainer_st
     partial = root / f".step_{step:08d}.partial"
     if is_writer:
         shutil.rmtree(partial, ignore_errors=True)
-        partial.mkdir(parents=True)
+        # exist_ok: the other ranks' DCP writers create it too, maybe first (before planning)
+        partial.mkdir(parents=True, exist_ok=True)
     model_state, optim_state = get_state_dict(model, optimizer, options=_options())
     context = _quiet()
     try:
