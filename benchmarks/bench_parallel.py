@@ -77,9 +77,10 @@ this process and its children); a warning follows when that exceeded a quarter o
 (the memory and byte counts do not depend on it; the matmul bubbles do).
 
 Run: ``make bench-parallel`` or ``.venv/bin/python benchmarks/bench_parallel.py [--quick]
-[--parts zero,pipeline] [--dp 2,4] [--pp 2,4]``. The default run takes ~3 minutes on 2
-cores, ``--quick`` ~1 minute. Last run: ``results/bench_parallel.txt``. The GPU throughput
-of the 350M and 1.3B recipes is ``benchmarks/gpu_throughput.sh`` (needs GPUs).
+[--parts zero,pipeline] [--dp 2,4] [--pp 2,4] [--compute wait,matmul,gpt]``. The default
+run takes ~4 minutes on 2 idle cores (more when they are shared), ``--quick`` ~1.5 minutes.
+Last run: ``results/bench_parallel.txt``. The GPU throughput of the 350M and 1.3B recipes is
+``benchmarks/gpu_throughput.sh`` (needs GPUs).
 """
 
 from __future__ import annotations
@@ -445,7 +446,9 @@ class _TrainerPipeline:
         self.busy, self.wall, self.timed = [0.0], [0.0], False
 
     def _time_schedules(self) -> None:
-        for runner in self.trainer.pipeline._schedules.values():  # built by the first step
+        for built in self.trainer.pipeline._schedules.values():  # made by the first step
+            # (a private cache: the schedule, or a tuple starting with it)
+            runner = built[0] if isinstance(built, tuple) else built
             stages = getattr(runner, "_stages", None) or [runner._stage]
             for stage in stages:
                 _timed(stage, self.busy)
@@ -519,7 +522,7 @@ def pipeline_worker(p: int, configs: list, rounds: int, steps: int) -> dict:
 
 
 def pipeline_configs(p: int, compute: str, quick: bool) -> list:
-    counts = [p, 2 * p, 4 * p] if quick else [p, 2 * p, 4 * p, 8 * p]
+    counts = [p, 2 * p, 4 * p] if quick or p > 2 else [p, 2 * p, 4 * p, 8 * p]
     configs = [(schedule, m, 1, compute) for schedule in ("gpipe", "1f1b") for m in counts]
     configs += [("interleaved", m, 2, compute) for m in counts]
     return configs
@@ -649,7 +652,8 @@ def report_bytes(results: dict, targets: list, notes: list) -> None:
 
 def report_pipeline(results: dict, targets: list, notes: list) -> None:
     header = (f"{'schedule':<12} {'compute':<7} {'p':>2} {'v':>2} {'m':>3} {'bubble':>7} "
-              f"{'theory':>7} {'diff':>6} {'step ms':>8} {'busy ms':>8} {'ideal ms':>9}")
+              f"{'theory':>7} {'diff':>6} {'step ms':>8} {'busy ms':>8} {'ideal ms':>9} "
+              f"{'extra/action ms':>15}")
     print()
     print("(2) pipeline bubble: 1 - busy / step wall per rank, mean over ranks, median over "
           "steps")
@@ -675,12 +679,15 @@ def report_pipeline(results: dict, targets: list, notes: list) -> None:
             diff = bubble - theory
             print(f"{schedule:<12} {compute:<7} {p:>2} {v:>2} {m:>3} {bubble:>7.3f} "
                   f"{theory:>7.3f} {diff:>+6.3f} {1e3 * statistics.median(walls):>8.1f} "
-                  f"{1e3 * busy:>8.1f} {1e3 * ideal:>9.1f}")
+                  f"{1e3 * busy:>8.1f} {1e3 * ideal:>9.1f} "
+                  f"{1e3 * (statistics.median(walls) - ideal) / (2 * v * m):>15.2f}")
             targets.append(f"target: {schedule} {compute} p {p} m {m} bubble within 0.05 of "
                            f"theory: {diff:+.3f} {'PASS' if abs(diff) <= 0.05 else 'FAIL'}")
         notes.append(f"pipeline p {p}: other processes {res['other']:.2f} cores during the runs")
     print(f"theory: (p-1)/(m+p-1) for gpipe and 1f1b, (p-1)/(v m+p-1) for interleaved; ideal: "
-          f"the busy time stretched by that bubble. wait: forward {1e3 * T_FORWARD:.0f} ms + "
+          f"the busy time stretched by that bubble; extra/action: (step - ideal) over the 2 v m "
+          f"compute actions of a rank, the schedule's own cost per action (its bookkeeping, "
+          f"the sends and receives, the loss). wait: forward {1e3 * T_FORWARD:.0f} ms + "
           f"backward {2e3 * T_FORWARD:.0f} ms per rank per micro-batch, slept; matmul: "
           f"{MATMUL_LAYERS} x Linear({MATMUL_WIDTH}, {MATMUL_WIDTH}) + tanh per rank on "
           f"{MATMUL_ROWS}-row micro-batches, one thread per rank; gpt: our Trainer "
@@ -698,8 +705,8 @@ def main() -> int:
     parser.add_argument("--compute", default="wait,matmul,gpt",
                         help="stage compute kinds (gpt: our Trainer's pipeline)")
     parser.add_argument("--zero-steps", type=int, default=3, help="measured steps per variant")
-    parser.add_argument("--pipe-rounds", type=int, default=3)
-    parser.add_argument("--pipe-steps", type=int, default=2, help="steps per config per round")
+    parser.add_argument("--pipe-rounds", type=int, default=4, help="interleaved rounds")
+    parser.add_argument("--pipe-steps", type=int, default=1, help="steps per config per round")
     parser.add_argument("--quick", action="store_true",
                         help="dp 2 and p 2 only, fewer micro-batch counts, 1 round")
     args = parser.parse_args()
