@@ -14,8 +14,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 TESTS = Path(__file__).parent
 ROOT = TESTS.parents[2]
 
@@ -42,7 +40,6 @@ def test_nproc_2_trains_like_one_process_and_writes_once(corpus, tmp_path, make_
     metrics.jsonl / checkpoints over the others', the arguments (--config, overrides) are not
     forwarded, or dp2 trains on other samples than one process: 5 steps at dp2 must log each
     step once, save a checkpoint both ranks wrote, and match one process's losses."""
-    pytest.importorskip("bloomline.trainer.parallel.data_parallel")  # TODO: lands soon
     from bloomline.common.config import to_toml
     from bloomline.trainer.loop import Trainer
 
