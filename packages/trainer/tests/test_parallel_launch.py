@@ -3,7 +3,8 @@ as one process would, writes logs and checkpoints once; a rank's error ends ever
 one line and a non-zero exit instead of a hang.
 
 Run as a module (``python -m test_parallel_launch``), this file is also the probe the error
-test launches: rank 1 fails after the process group is up while rank 0 waits for it.
+tests launch: rank 1 fails after the process group is up while rank 0 waits for it (``launch``),
+or both ranks wait until the launcher is stopped (``launch-wait``).
 """
 
 from __future__ import annotations
@@ -113,6 +114,32 @@ def test_an_error_on_one_rank_stops_the_rank_waiting_for_it():
         done.stderr
 
 
+def test_sigterm_to_the_launcher_stops_every_rank():
+    """Bug: SLURM's SIGTERM at the time limit (or Ctrl-C) leaves ranks running as orphans, or
+    ends the launcher with a traceback: it must stop both ranks (each waiting in a
+    collective) and exit 128 + 15 with one line."""
+    import signal
+
+    launcher = subprocess.Popen([sys.executable, "-m", "test_parallel_launch", "launch-wait"],
+                                env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+    try:
+        pids = [int(launcher.stdout.readline().split()[-1]) for _ in range(2)]  # both waiting
+        launcher.send_signal(signal.SIGTERM)
+        _, stderr = launcher.communicate(timeout=120)
+    finally:
+        launcher.kill()
+    assert launcher.returncode == 128 + signal.SIGTERM, stderr
+    assert stderr.strip().splitlines()[-1] == (
+        "error: stopped by SIGTERM; the agent stopped every rank"), stderr
+    for pid in pids:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            continue
+        raise AssertionError(f"rank process {pid} is still running")
+
+
 def test_multi_node_options_need_a_rendezvous_and_nproc():
     """Bug: --nnodes without a rendezvous endpoint starts a job that waits forever for the
     other nodes, or --nnodes without --nproc is silently ignored."""
@@ -144,14 +171,29 @@ def _probe_rank() -> None:
     store.wait(["rank 1 is done"])
 
 
+def _probe_wait() -> None:
+    """Both ranks wait in a collective that never completes."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                          is_master=False, timeout=timedelta(seconds=600))
+    print(f"rank {dist.get_rank()} waiting: pid {os.getpid()}", flush=True)
+    store.wait(["never"])
+
+
 def _probe(command: str) -> None:
     from bloomline.common.errors import exit_on_user_error
     from bloomline.trainer.parallel.launch import launch, report_user_errors
 
-    if command == "launch":
-        exit_on_user_error(lambda: launch(2, [], module="test_parallel_launch", command="rank"))
+    if command.startswith("launch"):
+        ranks = "wait" if command == "launch-wait" else "rank"
+        exit_on_user_error(lambda: launch(2, [], module="test_parallel_launch", command=ranks))
     else:
-        exit_on_user_error(lambda: report_user_errors(_probe_rank))
+        exit_on_user_error(lambda: report_user_errors(
+            _probe_wait if command == "wait" else _probe_rank))
 
 
 if __name__ == "__main__":

@@ -67,6 +67,7 @@ def launch(nproc: int, args: Sequence[str], nnodes: int = 1, rdzv_endpoint: str 
     """Run ``python -m MODULE COMMAND ARGS`` in ``nproc`` processes on this node through
     torchrun; with ``nnodes`` > 1 every node runs this and they meet at ``rdzv_endpoint``.
     Returns when all finished; raises ``LaunchError`` (one line) when one failed."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
@@ -93,6 +94,9 @@ def launch(nproc: int, args: Sequence[str], nnodes: int = 1, rdzv_endpoint: str 
         run(parsed)
     except ChildFailedError as err:
         raise LaunchError(*_first_failure(err)) from None
+    except SignalException as err:  # Ctrl-C, or SLURM's SIGTERM at the time limit
+        raise LaunchError(f"stopped by {err.sigval.name}; the agent stopped every rank",
+                          128 + int(err.sigval)) from None
     finally:
         os.environ.pop(_LAUNCHED, None)
 
