@@ -316,3 +316,13 @@ def test_non_finite_step_is_skipped_on_every_rank(runs, stage):
     steps (replicas diverge, or FSDP2's collectives stop matching)."""
     for rank_result in runs:
         assert rank_result["nan"][stage] == {"skipped": True, "unchanged": True}
+
+
+def test_offload_in_one_process_is_refused():
+    """Bug: ``parallel.offload`` in a single process is silently ignored (no process group, so
+    no FSDP2) and the run keeps everything on the device it was meant to relieve."""
+    from bloomline.common.errors import UserError
+    from bloomline.trainer.loop import Trainer
+
+    with pytest.raises(UserError, match="parallel.offload needs torch.distributed"):
+        Trainer(equivalence_config(parallel=STAGES["offload"]), log=lambda *_: None)

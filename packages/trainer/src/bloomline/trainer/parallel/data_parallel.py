@@ -59,6 +59,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from bloomline.common.errors import UserError
+
 __all__ = ["ShardedOptimizer", "apply_data_parallel", "shard_optimizer_state"]
 
 
@@ -70,9 +72,12 @@ def _blocks(model: nn.Module) -> list[nn.Module]:
 def apply_data_parallel(model: nn.Module, dp_mesh, cfg) -> nn.Module:
     """Apply ``cfg.parallel.zero_stage`` (and ``offload``) over ``dp_mesh`` to ``model`` in
     place, per block then at the root; returns it. ``dp_mesh`` None (one process): nothing to
-    do. The model keeps its methods (``set_thermometers``...) and gains FSDP2's
-    (``set_requires_gradient_sync``...)."""
+    shard, and offload is refused (FSDP2 needs a process group). The model keeps its methods
+    (``set_thermometers``...) and gains FSDP2's (``set_requires_gradient_sync``...)."""
     if dp_mesh is None:
+        if cfg.parallel.offload:
+            raise UserError("parallel.offload needs torch.distributed: run with 2 or more "
+                            "processes (trainer pretrain --nproc N, or torchrun)")
         return model
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
 
