@@ -168,7 +168,10 @@ class ShardedOptimizer(torch.optim.Optimizer):
     names. The all-gather is DTensor's redistribute, one per parameter (unbucketed).
 
     ``param_groups`` hold the model's parameters (the trainer sets ``lr`` on them, DCP maps them
-    to names); their hyper-parameters are copied into the inner groups before each step.
+    to names); their hyper-parameters are copied into the inner groups before each step. The
+    views stay valid because FSDP2 keeps each parameter's storage (DCP and ``set_state_dict``
+    load in place); a parameter replaced afterwards (``load_state_dict(assign=True)``) needs a
+    new ``ShardedOptimizer``.
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, dp_mesh) -> None:
