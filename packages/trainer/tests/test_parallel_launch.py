@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 TESTS = Path(__file__).parent
 ROOT = TESTS.parents[2]
 
@@ -138,6 +140,35 @@ def test_sigterm_to_the_launcher_stops_every_rank():
         except ProcessLookupError:
             continue
         raise AssertionError(f"rank process {pid} is still running")
+
+
+def test_a_rank_reports_user_and_file_errors_to_the_launcher(tmp_path, monkeypatch):
+    """Bug: a rank's error on a named file (a run folder that cannot be made) is not handed to
+    the launcher, which then prints a bare "rank 0 failed" instead of the cause; or a bug's
+    exception is dressed up as the user's."""
+    from bloomline.common.errors import UserError
+    from bloomline.trainer.parallel.launch import report_user_errors
+
+    error_file = tmp_path / "error.json"
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
+    monkeypatch.setenv("BLOOMLINE_LAUNCHED", "1")
+
+    def fail(error):
+        def main():
+            raise error
+        return main
+
+    with pytest.raises(SystemExit) as stopped:
+        report_user_errors(fail(NotADirectoryError(20, "Not a directory", "/runs/x")))
+    assert stopped.value.code == 1
+    assert json.loads(error_file.read_text())["message"] == "/runs/x: Not a directory"
+    with pytest.raises(SystemExit):
+        report_user_errors(fail(UserError("data.corpus: not set")))
+    assert json.loads(error_file.read_text())["message"] == "data.corpus: not set"
+    error_file.unlink()
+    with pytest.raises(ZeroDivisionError):
+        report_user_errors(fail(ZeroDivisionError()))
+    assert not error_file.exists()
 
 
 def test_multi_node_options_need_a_rendezvous_and_nproc():

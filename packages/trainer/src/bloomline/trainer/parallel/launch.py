@@ -44,20 +44,26 @@ class LaunchError(UserError):
 
 
 def report_user_errors(fn: Callable[[], T]) -> T:
-    """Run ``fn`` (a rank's main); a ``UserError`` is also written into torchrun's error file
-    for this worker, where the launcher finds it. Re-raised for ``exit_on_user_error`` to print,
-    except under ``launch``, which prints it once for all ranks."""
+    """Run ``fn`` (a rank's main); a ``UserError`` (or an OS error on a named file, which
+    ``exit_on_user_error`` treats alike) is also written into torchrun's error file for this
+    worker, where the launcher finds it. Re-raised for ``exit_on_user_error`` to print, except
+    under ``launch``, which prints it once for all ranks."""
     try:
         return fn()
-    except UserError as err:
+    except (UserError, OSError) as err:
+        if isinstance(err, UserError):
+            message, code = str(err), err.exit_code
+        elif err.filename is not None:
+            message, code = f"{err.filename}: {err.strerror}", 1
+        else:
+            raise
         error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
         if error_file:
             # torchrun's ProcessFailure reads {"message": str, "timestamp": int}
             with open(error_file, "w") as out:
-                json.dump({"message": str(err), "timestamp": int(time.time()), _MARK: True},
-                          out)
+                json.dump({"message": message, "timestamp": int(time.time()), _MARK: True}, out)
         if os.environ.get(_LAUNCHED) == "1":
-            raise SystemExit(err.exit_code) from None
+            raise SystemExit(code) from None
         raise
 
 
