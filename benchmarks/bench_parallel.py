@@ -39,11 +39,11 @@ harness: torchrun's environment, gloo, one torch thread per process) on this 2-c
     (p - 1) / (m + p - 1), interleaved 1F1B with v stages per rank (p - 1) / (v m + p - 1).
     Three kinds of stage compute:
       - ``wait``: each stage's forward waits t_f and its backward 2 t_f (a custom autograd
-        function around ``time.sleep``, per rank per micro-batch t_f = 10 ms in total, split
+        function around ``time.sleep``, per rank per micro-batch t_f = 20 ms in total, split
         over the v local stages): an accelerator's kernels as the host sees them. It uses no
         CPU, so p = 4 ranks on 2 cores measure the schedule itself, free of core contention;
-      - ``matmul``: each rank's stage is a stack of Linear(1024, 1024) + tanh on 32-row
-        micro-batches (~8 ms forward on one thread): real CPU work, clean only at p = 2 on 2
+      - ``matmul``: each rank's stage is a stack of 16 Linear(1024, 1024) + tanh on 32-row
+        micro-batches (~15 ms forward on one thread): real CPU work, clean only at p = 2 on 2
         idle cores (with 4 processes on 2 cores the ranks' compute time-shares the cores and
         the "bubble" measures contention, so p = 4 is not run with matmuls);
       - ``gpt``: our ``Trainer`` with ``pipeline_parallel = 2`` (``parallel/pipeline.py``,
@@ -51,7 +51,7 @@ harness: torchrun's environment, gloo, one torch thread per process) on this 2-c
         4 x 64 tokens): the first stage also embeds and the last applies the head and the
         loss, so the stages are nearly, not exactly, equal; p = 2 only, as matmul.
     The activations sent between stages are 32 x 256 (wait) or 32 x 1024 (matmul) fp32, 32 or
-    128 KiB, sub-millisecond over loopback against ~10 ms of compute; the step and busy times
+    128 KiB, sub-millisecond over loopback against 15-20 ms of compute; the step and busy times
     and the ideal step (the busy time stretched by the theory's bubble) are printed, so the
     schedule's own overhead shows as step - ideal. Target: measured within 0.05 of theory.
 
@@ -109,8 +109,8 @@ VOCAB, HIDDEN, LAYERS, HEADS, SEQ, MBS = 2048, 256, 4, 8, 64, 4
 ZERO_VARIANTS = {"ZeRO-0 (DDP)": (0, False), "ZeRO-1": (1, False), "ZeRO-2": (2, False),
                  "ZeRO-3": (3, False), "ZeRO-3 + offload": (3, True)}
 # (2): per rank per micro-batch forward time of the wait stages; backward is twice that
-T_FORWARD = 0.010
-MATMUL_WIDTH, MATMUL_ROWS, MATMUL_LAYERS = 1024, 32, 8
+T_FORWARD = 0.020
+MATMUL_WIDTH, MATMUL_ROWS, MATMUL_LAYERS = 1024, 32, 16
 WAIT_WIDTH = 256  # activations of the wait stages: 32 x 256 fp32 = 32 KiB
 # (2), compute "gpt": our Trainer's pipeline on this GPT (fp32), GPT_MBS samples a micro-batch
 GPT_VOCAB, GPT_HIDDEN, GPT_LAYERS, GPT_HEADS, GPT_SEQ, GPT_MBS = 512, 256, 4, 8, 64, 4
@@ -705,7 +705,7 @@ def main() -> int:
     parser.add_argument("--compute", default="wait,matmul,gpt",
                         help="stage compute kinds (gpt: our Trainer's pipeline)")
     parser.add_argument("--zero-steps", type=int, default=3, help="measured steps per variant")
-    parser.add_argument("--pipe-rounds", type=int, default=4, help="interleaved rounds")
+    parser.add_argument("--pipe-rounds", type=int, default=3, help="interleaved rounds")
     parser.add_argument("--pipe-steps", type=int, default=1, help="steps per config per round")
     parser.add_argument("--quick", action="store_true",
                         help="dp 2 and p 2 only, fewer micro-batch counts, 1 round")
