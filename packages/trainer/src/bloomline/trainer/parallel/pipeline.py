@@ -111,7 +111,11 @@ class _TiedEmbedding:
     def all_reduce_grad(self) -> None:
         if self.weight is None or self.weight.grad is None:
             return
-        grad = self.weight.grad
+        weight, grad = self.weight, self.weight.grad
+        if hasattr(grad, "placements") and grad.placements != weight.placements:
+            # tp: the embedding's backward gives a Replicate gradient of the Shard(0) table,
+            # the head's a Shard(0) one; lay both out as the weight is
+            grad = weight.grad = grad.redistribute(weight.device_mesh, weight.placements)
         # a DTensor gradient (tp: vocabulary shards, FSDP: dp shards) is reduced shard by
         # shard: both stages shard the weight the same way, so local shards correspond
         local = grad.to_local() if hasattr(grad, "to_local") else grad
