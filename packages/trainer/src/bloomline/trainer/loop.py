@@ -385,7 +385,9 @@ class Trainer:
                 "grad_norm": result["grad_norm"], "tokens_per_s": tokens_per_s,
                 "samples_per_s": window["samples"] / seconds,
                 "step_time_s": seconds / max(window["steps"], 1),
-                "mfu": flops / self._peak_flops if self._peak_flops else 0.0,
+                # tokens_per_s counts the whole global batch: divide by every device's peak
+                "mfu": (flops / (self._peak_flops * self.layout.world_size)
+                        if self._peak_flops else 0.0),
                 "memory_gb": memory_bytes(self.device) / 1e9,
                 "loss_scale": self.precision.loss_scale, "seq_length": length,
                 "global_batch_size": size,
