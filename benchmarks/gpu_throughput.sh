@@ -13,7 +13,7 @@
 # WARMUP steps (compilation, allocator warm-up) of: tokens/s (global and per GPU), step time,
 # peak memory, the logged `mfu`, and the MFU recomputed as tokens/s x the model's FLOPs per
 # token (ModelConfig.flops_per_token, Megatron's count with attention) / (GPUs x the peak
-# in run_info.json), which is the per-GPU MFU whatever the logged field means on several GPUs.
+# in run_info.json): the per-GPU MFU, a cross-check of the logged field.
 #
 # Usage: benchmarks/gpu_throughput.sh [section.key=value ...]   (overrides for both recipes)
 #   STEPS=12 WARMUP=4 LOG=2 CONFIGS="configs/350m.toml configs/1b3.toml" NGPU=<all>
