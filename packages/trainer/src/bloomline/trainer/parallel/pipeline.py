@@ -19,6 +19,21 @@ Mental model:
   the single-process loop. The loss is averaged over dp and broadcast from the last stage, so
   every rank logs it and takes the same NaN-skip decision.
 - Tied embedding: see ``_TiedEmbedding``. Gradient-norm clipping: see ``clip_grad_norm``.
+- Data parallelism inside a stage (ZeRO 0-3, data_parallel.py): the schedule, not the loop,
+  runs backward, and ``PipelineStage`` drives FSDP2 (``replicate`` for ZeRO-0/1,
+  ``fully_shard`` for 2/3) itself: it turns gradient sync and resharding off for every
+  micro-batch's backward and reduces once after the last (``perform_reduce_grad``). So under
+  pipelining ZeRO-2/3 accumulate *unsharded* gradients during the step and ZeRO-3 keeps a
+  stage's parameters gathered from their first backward to the end of the step (the memory
+  of ZeRO-1 during the step, sharded again between steps); results are the same. ZeRO-1
+  (our ``ShardedOptimizer``) is unaffected. ZeRO-1, 2 and 3 are tested with pp (ZeRO-0 is
+  ZeRO-1's ``replicate`` with a plain optimizer).
+- fp16: the loss scale is shared (every rank unscales; an inf/NaN on any stage makes every
+  rank skip), see ``_unscale``.
+- Each new micro-batch count or shape (batch-size ramp-up, sequence-length warmup, an
+  evaluation remainder) builds its own stages and schedule (torch's stages size their
+  buffers from the first micro-batch, by one extra forward/backward of shape inference).
+  Ramp-up steps with fewer micro-batches than 1F1B takes run the GPipe order.
 """
 
 from __future__ import annotations
@@ -175,15 +190,19 @@ class Pipeline:
             return 0
         samples = cfg.train.global_batch_size // self.layout.dp
         count = cfg.parallel.pipeline_microbatches or samples // cfg.train.micro_batch_size
-        self._check_microbatches(count, samples)
+        self._check_microbatches(count, samples, strict=True)
         return count
 
-    def _check_microbatches(self, count: int, samples: int) -> None:
+    def _check_microbatches(self, count: int, samples: int, strict: bool = False) -> None:
+        """``strict`` (the configured full batch): also the schedule's own constraints. Steps of
+        a batch-size ramp-up that miss them run the GPipe order instead (``_schedule_kind``)."""
         pp, name = self.layout.pp, self.schedule_name
         if samples % count:
             raise UserError(f"parallel.pipeline_microbatches {count}: does not divide the "
                             f"{samples} samples per data-parallel rank of a step "
                             "(train.global_batch_size / dp)")
+        if not strict:
+            return
         if name == "1f1b" and count < pp:
             raise UserError(f"parallel.pipeline_schedule 1f1b needs at least "
                             f"parallel.pipeline_parallel = {pp} micro-batches per step, got "
@@ -210,16 +229,24 @@ class Pipeline:
         if key not in self._schedules:
             stages = [_Stage(chunk, s, self.num_stages, self.device, group=self.pp_group)
                       for chunk, s in zip(self.chunks, self.stage_ids, strict=True)]
-            if not training:  # forward only: any order works, the simplest one does
-                kind = ScheduleGPipe if len(stages) == 1 else ScheduleLoopedBFS
-            else:
-                kind = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B,
-                        "interleaved": ScheduleInterleaved1F1B}[self.schedule_name]
+            kind = self._schedule_kind(count, training, len(stages))
             multi = kind in (ScheduleInterleaved1F1B, ScheduleLoopedBFS)
             schedule = kind(stages if multi else stages[0], count, loss_fn=self._loss,
                             scale_grads=False)
             self._schedules[key] = (schedule, stages)
         return self._schedules[key]
+
+    def _schedule_kind(self, count: int, training: bool, local_stages: int):
+        """The configured schedule; the GPipe order (all forwards, then all backwards: the same
+        gradients) for evaluation, which has no backward to interleave, and for steps whose
+        micro-batch count the configured schedule does not take (1F1B needs at least pp,
+        interleaved 1F1B a multiple of count // pp: a ramp-up's small batches)."""
+        gpipe = ScheduleGPipe if local_stages == 1 else ScheduleLoopedBFS
+        pp, name = self.layout.pp, self.schedule_name
+        if not training or name == "gpipe" or (name == "1f1b" and count < pp) or (
+                name == "interleaved" and count % max(1, count // pp)):
+            return gpipe
+        return Schedule1F1B if name == "1f1b" else ScheduleInterleaved1F1B
 
     def _loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """The last stage's loss for one micro-batch: the fp32 mean cross-entropy, recorded,
@@ -273,7 +300,7 @@ class Pipeline:
         clipped over all stages, and the optimizer steps (or every rank skips)."""
         for group in optimizer.param_groups:
             group["lr"] = lr
-        self._scaler = self._sharded_scaler(precision)
+        self._scaler = precision.scaler
         tokens = torch.cat(list(micro_batches))
         samples = tokens.shape[0]
         count = self.cfg.parallel.pipeline_microbatches or len(micro_batches)
@@ -286,7 +313,7 @@ class Pipeline:
         loss = self._mean_over_data_parallel(losses.mean())
         self.tied.all_reduce_grad()
         if self._scaler is not None:
-            self._scaler.unscale_(optimizer)  # found inf/NaN anywhere: every rank skips
+            self._unscale(optimizer)  # an inf/NaN on any stage: every rank skips
         grad_norm = self.clip_grad_norm(self.cfg.optimizer.clip_grad or math.inf)
         finite = bool(torch.isfinite(grad_norm)) and bool(torch.isfinite(loss))
         result = {"loss": float(loss), "grad_norm": float(grad_norm), "skipped": not finite}
@@ -300,20 +327,18 @@ class Pipeline:
         optimizer.zero_grad(set_to_none=True)
         return result
 
-    def _sharded_scaler(self, precision):
-        """fp16: the loss scaler must find an inf/NaN gradient of any stage on every rank (or
-        stages would step apart); FSDP's ShardedGradScaler all-reduces its finding over the
-        world. Swapped in once, carrying the scaler's state (a resumed scale)."""
-        scaler = precision.scaler
-        if scaler is None:
-            return None
-        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
-
-        if not isinstance(scaler, ShardedGradScaler):
-            sharded = ShardedGradScaler(self.device.type, process_group=dist.group.WORLD)
-            sharded.load_state_dict(scaler.state_dict())
-            precision.scaler = scaler = sharded
-        return scaler
+    def _unscale(self, optimizer) -> None:
+        """fp16: unscale, then share the inf/NaN finding of every stage with every rank, so
+        that all skip the step (and back the scale off) together. GradScaler finds infs per
+        rank; we all-reduce its per-device flags (``ShardedGradScaler`` does the same for FSDP,
+        but its flag's shape breaks the fused AdamW step). The first stage never scales a loss,
+        and the scale is created by the first ``scale()``: make it there too."""
+        scaler = self._scaler
+        scaler.scale(torch.zeros((), device=self.device))  # creates the scale (once)
+        scaler.unscale_(optimizer)
+        found = scaler._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
+        for flag in found.values():
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
 
     def _mean_over_data_parallel(self, value: torch.Tensor) -> torch.Tensor:
         if self.dp_group is None:
