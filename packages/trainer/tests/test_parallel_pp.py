@@ -185,14 +185,16 @@ def test_pp2_trains_like_one_process(schedule, partition):
         assert_same(want, got)
 
 
-@pytest.mark.parametrize("zero_stage, schedule", [(1, "gpipe"), (2, "1f1b"), (3, "interleaved")])
-def test_pp2_dp2_trains_like_one_process(zero_stage, schedule):
+@pytest.mark.parametrize("zero_stage, schedule, checkpointing", [
+    (1, "gpipe", "none"), (2, "1f1b", "none"), (3, "interleaved", "full")])
+def test_pp2_dp2_trains_like_one_process(zero_stage, schedule, checkpointing):
     """Bug: data parallelism inside a stage reduces gradients per micro-batch with the wrong
     scale or not at all (the schedule runs backward, not the loop), ZeRO's sharded gradients
     or optimizer state miss the tied embedding's all-reduce, the loss is averaged over the
-    stage's ranks instead of dp, or FSDP2 cannot run under the schedule."""
+    stage's ranks instead of dp, or FSDP2 (with a block's recomputation in backward) cannot
+    run under the schedule."""
     parallel = {"pipeline_parallel": 2, "data_parallel": 2, "zero_stage": zero_stage,
-                "pipeline_schedule": schedule}
+                "pipeline_schedule": schedule, "activation_checkpoint": checkpointing}
     want = reference()
     for got in run_distributed(4, run_steps, {"parallel": parallel, **ADAM}):
         assert_same(want, got)
@@ -204,7 +206,7 @@ def test_pp2_tp2_sequence_parallel_trains_like_one_process():
     logits of the last stage miss loss_parallel in the schedule's backward, or the tied
     embedding's gradient is all-reduced between mismatched tp shards."""
     parallel = {"pipeline_parallel": 2, "tensor_parallel": 2, "sequence_parallel": True,
-                "pipeline_schedule": "1f1b"}
+                "pipeline_schedule": "1f1b", "activation_checkpoint": "selective"}
     want = reference()
     for got in run_distributed(4, run_steps, {"parallel": parallel, **ADAM}):
         assert_same(want, got)
