@@ -172,11 +172,14 @@ def test_activation_checkpointing_trains_the_same_and_keeps_names(mode):
 @pytest.mark.parametrize("schedule, partition", [
     ("gpipe", "parameters"), ("1f1b", "profile"), ("interleaved", "uniform")])
 def test_pp2_trains_like_one_process(schedule, partition):
-    """Bug: a schedule mis-scales the micro-batch losses (sum vs mean), a stage drops or
+    """Bug: a schedule mis-scales the micro-batch losses (sum vs mean, or by the loop's
+    micro-batch count instead of parallel.pipeline_microbatches), a stage drops or
     duplicates blocks, the interleaved stages are assigned to the wrong ranks, the tied
     embedding's gradient misses the head's part, the clipping norm misses a stage or counts
     the tied weight twice, or the loss is only known on the last stage."""
     parallel = {"pipeline_parallel": 2, "pipeline_schedule": schedule, "partition": partition}
+    if schedule == "gpipe":  # the schedule splits the step into 8 micro-batches, not 4
+        parallel["pipeline_microbatches"] = 8
     # interleaved: 4 stages of one layer each; clip below the norm to exercise clipping
     clip = {"optimizer": {**ADAM["optimizer"], "clip_grad": 0.5}}
     sections = clip if schedule == "interleaved" else ADAM

@@ -149,7 +149,8 @@ class Pipeline:
         self.cfg, self.layout, self.mesh, self.device = cfg, layout, mesh, device
         self.loss_fn = loss_fn
         self.loss_context = loss_context
-        self.autocast = Precision(cfg.precision, device).autocast
+        precision = Precision(cfg.precision, device)  # for its autocast and dtype only
+        self.autocast = precision.autocast
         pp, rank = layout.pp, layout.pp_rank
         self.schedule_name = cfg.parallel.pipeline_schedule
         self.num_stages = num_pipeline_stages(cfg)
@@ -160,7 +161,7 @@ class Pipeline:
         micro_size = (cfg.train.global_batch_size // layout.dp // static_micro
                       if static_micro else cfg.train.micro_batch_size)
         self.layers = partition_layers(model, cfg, self.num_stages, max(1, micro_size),
-                                       Precision(cfg.precision, device).dtype)
+                                       precision.dtype)
         holds_first, holds_last = 0 in self.stage_ids, self.num_stages - 1 in self.stage_ids
         mine = {i for s in self.stage_ids for i in self.layers[s]}
         self.model = _prune(model, mine, holds_first, holds_last)
