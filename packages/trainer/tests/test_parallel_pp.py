@@ -188,6 +188,16 @@ def test_pp2_trains_like_one_process(schedule, partition):
         assert_same(want, got)
 
 
+def test_pp4_middle_stages_train_like_one_process():
+    """Bug: a middle stage (no embedding, no head) keeps or drops the wrong modules, joins
+    the tied-embedding group (whose collective would then hang or pair the wrong ranks), or
+    the clipping norm misses its gradients."""
+    parallel = {"pipeline_parallel": 4, "pipeline_schedule": "1f1b"}
+    want = reference()
+    for got in run_distributed(4, run_steps, {"parallel": parallel, **ADAM}):
+        assert_same(want, got)
+
+
 @pytest.mark.parametrize("zero_stage, schedule, checkpointing", [
     (1, "gpipe", "none"), (2, "1f1b", "none"), (3, "interleaved", "full")])
 def test_pp2_dp2_trains_like_one_process(zero_stage, schedule, checkpointing):
