@@ -78,7 +78,7 @@ this process and its children); a warning follows when that exceeded a quarter o
 
 Run: ``make bench-parallel`` or ``.venv/bin/python benchmarks/bench_parallel.py [--quick]
 [--parts zero,pipeline] [--dp 2,4] [--pp 2,4] [--compute wait,matmul,gpt]``. The default
-run takes ~2.5 minutes on 2 idle cores (~4 when they are shared), ``--quick`` ~1 minute.
+run takes ~2.5 minutes on 2 idle cores (~4 when they are shared), ``--quick`` ~40 s.
 Last run: ``results/bench_parallel.txt``. The GPU throughput of the 350M and 1.3B recipes is
 ``benchmarks/gpu_throughput.sh`` (needs GPUs).
 """
