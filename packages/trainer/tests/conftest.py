@@ -1,70 +1,24 @@
 """Shared fixtures: a tiny corpus of random-ish token documents and a config that trains on it
-in a second."""
+in a second (helpers in trainer_fixtures.py)."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from bloomline.dataprep.indexed_dataset import IndexedDatasetWriter
-from bloomline.trainer.config import Config
+# trainer_fixtures, distributed and equivalence are imported by name in tests and, pickled by
+# reference, in the processes run_distributed spawns (which inherit sys.path). Appended, not
+# prepended: the repository root's conftest must stay the one `from conftest import` finds.
+sys.path.append(str(Path(__file__).parent))
 
-VOCAB = 96
-
-# distributed.py and equivalence.py are imported by name in tests and, pickled by reference,
-# in the processes run_distributed spawns (which inherit sys.path)
-sys.path.insert(0, str(Path(__file__).parent))
-
-
-def write_corpus(folder, vocab: int = VOCAB, documents: int = 120, seed: int = 0) -> str:
-    """Documents with a learnable pattern (a repeated ramp) so that the loss can fall."""
-    rng = np.random.default_rng(seed)
-    folder.mkdir(parents=True, exist_ok=True)
-    writer = IndexedDatasetWriter(folder / "toy", np.uint16)
-    for _ in range(documents):
-        start = int(rng.integers(0, vocab))
-        length = int(rng.integers(20, 120))
-        tokens = (start + np.arange(length) * int(rng.integers(1, 3))) % (vocab - 1)
-        writer.add_document(np.append(tokens, vocab - 1).astype(np.uint16))
-    writer.finalize()
-    return str(folder)
+from trainer_fixtures import tiny_config, write_corpus  # noqa: E402
 
 
 @pytest.fixture
 def corpus(tmp_path):
     return write_corpus(tmp_path / "corpus")
-
-
-def tiny_config(corpus: str, run_dir, **sections) -> Config:
-    cfg = Config()
-    cfg.model.vocab_size = 128
-    cfg.model.hidden_size = 32
-    cfg.model.num_layers = 2
-    cfg.model.num_heads = 4
-    cfg.data.corpus = corpus
-    cfg.data.seq_length = 32
-    cfg.data.split = "90,10,0"
-    cfg.data.num_workers = 0
-    cfg.train.micro_batch_size = 2
-    cfg.train.global_batch_size = 4
-    cfg.train.train_samples = 80
-    cfg.train.eval_interval = 0
-    cfg.train.log_interval = 5
-    cfg.train.run_dir = str(run_dir)
-    cfg.train.device = "cpu"
-    cfg.precision.dtype = "fp32"
-    cfg.optimizer.lr = 3e-3
-    cfg.schedule.warmup = 8
-    cfg.checkpoint.interval = 0
-    cfg.monitor.tensorboard = False
-    cfg.monitor.thermometer_interval = 0
-    for section, values in sections.items():
-        for key, value in values.items():
-            setattr(getattr(cfg, section), key, value)
-    return cfg
 
 
 @pytest.fixture

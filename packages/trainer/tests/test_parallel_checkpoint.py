@@ -22,7 +22,7 @@ from distributed import run_distributed
 
 from bloomline.trainer.config import Config
 from bloomline.trainer.loop import Trainer
-from conftest import write_corpus
+from trainer_fixtures import write_corpus
 
 STEPS, SAVED_AT = 6, 3
 

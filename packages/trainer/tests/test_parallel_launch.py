@@ -126,7 +126,13 @@ def test_sigterm_to_the_launcher_stops_every_rank():
                                 env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True)
     try:
-        pids = [int(launcher.stdout.readline().split()[-1]) for _ in range(2)]  # both waiting
+        pids = []
+        for _ in range(2):  # both ranks waiting
+            line = launcher.stdout.readline()
+            if not line.startswith("rank "):
+                launcher.kill()
+                raise AssertionError(f"probe did not start: {line!r}\n{launcher.stderr.read()}")
+            pids.append(int(line.split()[-1]))
         launcher.send_signal(signal.SIGTERM)
         _, stderr = launcher.communicate(timeout=120)
     finally:
@@ -211,7 +217,9 @@ def _probe_wait() -> None:
     dist.init_process_group("gloo")
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
                           is_master=False, timeout=timedelta(seconds=600))
-    print(f"rank {dist.get_rank()} waiting: pid {os.getpid()}", flush=True)
+    # one write(2) of a whole line: the ranks share the pipe, and print() under torchrun's
+    # unbuffered stdout writes the text and its newline apart, so two ranks' lines interleave
+    os.write(1, f"rank {dist.get_rank()} waiting: pid {os.getpid()}\n".encode())
     store.wait(["never"])
 
 

@@ -101,6 +101,10 @@ def save_checkpoint(run_dir: str | Path, step: int, model, optimizer, trainer_st
         partial.rename(final)
         for old in sorted(_complete(root))[:-keep_last] if keep_last > 0 else []:
             shutil.rmtree(old, ignore_errors=True)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        # no rank returns before the writer has renamed the folder: a rank that went on to
+        # load it, list it or exit (ending the job) would otherwise race the rename
+        torch.distributed.barrier()
     return final
 
 
