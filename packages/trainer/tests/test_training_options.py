@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from bloomline.trainer.loop import Trainer
@@ -45,6 +46,33 @@ def test_fp16_overflow_backs_the_loss_scale_off_without_stopping(corpus, tmp_pat
     assert min(scales) <= 2.0 ** 37  # and again until the gradients fit in fp16
     assert state["skipped_steps"] >= 3  # more overflow skips than max_bad_steps allows
     assert state["step"] == 30 and records[-1]["loss"] < records[0]["loss"]
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_auto_precision_picks_bf16_only_where_it_is_fast(corpus, tmp_path, make_config,
+                                                         monkeypatch, fast):
+    """Bug: ``auto`` left unresolved (autocast with no dtype, MFU against the wrong peak, a
+    config.toml that does not say what ran), or bf16 chosen on a CPU whose oneDNN has no bf16
+    path (AVX2 only: bf16 matmuls ~100x slower than fp32, the demo would take hours); an
+    explicit bf16 there must train, with a warning that names the field."""
+    from bloomline.trainer import precision
+
+    monkeypatch.setattr(precision, "fast_low_precision", lambda dtype, device: fast)
+    lines = []
+    cfg = make_config(corpus, tmp_path / "auto", precision={"dtype": "auto"},
+                      train={"train_samples": 4})
+    trainer = Trainer(cfg, log=lines.append)
+    want = "bf16" if fast else "fp32"
+    assert trainer.precision.name == want and cfg.precision.dtype == want
+    trainer.run()
+    assert f'dtype = "{want}"' in (tmp_path / "auto" / "config.toml").read_text()
+    assert not any(line.startswith("warning:") for line in lines)
+
+    lines.clear()
+    Trainer(make_config(corpus, tmp_path / "bf16", precision={"dtype": "bf16"}),
+            log=lines.append)
+    warned = [line for line in lines if line.startswith("warning: precision.dtype = 'bf16'")]
+    assert len(warned) == (0 if fast else 1), lines
 
 
 def test_profile_steps_write_a_chrome_trace(corpus, tmp_path, make_config):

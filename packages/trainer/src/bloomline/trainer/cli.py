@@ -80,7 +80,7 @@ def generate(
 ) -> None:
     """Continue a prompt with a checkpoint (a sanity check of what the model learned)."""
     from bloomline.dataprep.tokenizer import Tokenizer
-    from bloomline.trainer.generate import generate_ids
+    from bloomline.trainer.generate import continuation_text, generate_ids
 
     cfg, model = _load_for_inference(checkpoint)
     tokenizer_path = tokenizer or cfg.data.tokenizer
@@ -90,7 +90,7 @@ def generate(
     prompt_ids = [int(i) for i in tok.encode_batch([prompt])[0]]
     ids = generate_ids(model, prompt_ids, max_new_tokens, temperature, top_k, top_p,
                        tok.eod_id, seed, vocab_size=tok.vocab_size)
-    typer.echo(prompt + tok.decode(ids))
+    typer.echo(prompt + continuation_text(tok, prompt_ids, ids))
 
 
 @app.command("export-hf")

@@ -83,7 +83,8 @@ class TrainConfig:
 class PrecisionConfig:
     dtype: str = "bf16"
     """bf16 (bf16 compute, fp32 master weights and gradient accumulation), fp16 (with dynamic
-    loss scaling) or fp32."""
+    loss scaling), fp32, or auto (bf16 where the device computes it natively, else fp32; the
+    run's config.toml records the choice)."""
     initial_loss_scale: float = 65536.0
     """fp16: starting loss scale."""
     loss_scale_window: int = 1000
@@ -198,7 +199,7 @@ class Config:
 
 _CHOICES = {
     "model.attention": ("auto", "sdpa", "flex", "eager"),
-    "precision.dtype": ("bf16", "fp16", "fp32"),
+    "precision.dtype": ("bf16", "fp16", "fp32", "auto"),
     "optimizer.name": ("adamw", "lamb"),
     "schedule.unit": ("samples", "tokens"),
     "schedule.style": ("cosine", "linear", "constant"),

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["sample_next", "generate_ids"]
+__all__ = ["continuation_text", "generate_ids", "sample_next"]
 
 
 def sample_next(logits: torch.Tensor, temperature: float, top_k: int, top_p: float,
@@ -51,3 +51,13 @@ def generate_ids(model, prompt_ids: list[int], max_new_tokens: int, temperature:
         if token == eod_id:
             break
     return ids[len(prompt_ids):]
+
+
+def continuation_text(tokenizer, prompt_ids: list[int], new_ids: list[int]) -> str:
+    """The text ``new_ids`` add after the prompt. SentencePiece drops the leading space of a
+    text's first piece, so decoding the new ids alone glues their first word to the prompt
+    ("The history of" + "the" = "The history ofthe"): decode them after the prompt's ids and
+    keep what comes past the prompt's own text."""
+    head = tokenizer.decode(prompt_ids)
+    whole = tokenizer.decode(list(prompt_ids) + list(new_ids))
+    return whole[len(head):] if whole.startswith(head) else tokenizer.decode(new_ids)

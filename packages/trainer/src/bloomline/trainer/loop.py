@@ -43,7 +43,7 @@ from bloomline.trainer.parallel import (
     world_info,
 )
 from bloomline.trainer.parallel.memory import memory_record
-from bloomline.trainer.precision import Precision
+from bloomline.trainer.precision import Precision, resolve_dtype
 
 __all__ = ["Trainer", "clip_grad_norm", "lm_loss", "resolve_device"]
 
@@ -105,6 +105,9 @@ class Trainer:
         self.is_main = rank == 0
         self.log = log if self.is_main else (lambda *_: None)
         self.device = resolve_device(cfg.train.device, local_rank)
+        slow_precision = resolve_dtype(cfg.precision, self.device)
+        if slow_precision:
+            self.log(slow_precision)
         if cfg.train.tune_malloc:
             tune_malloc()
         init_distributed(cfg, self.device)
@@ -279,7 +282,7 @@ class Trainer:
             (self.run_dir / "run_info.json").write_text(json.dumps(info, indent=1))
         self.log(f"model: {info['parameters']:,} parameters; {self.layout.describe()}; "
                  f"device {self.device}; {self.precision.name}; peak "
-                 f"{self._peak_flops / 1e12:.2f} TFLOP/s (matmul)"
+                 f"{self._peak_flops / 1e9:,.1f} GFLOP/s (matmul)"
                  + (f"; resumed from {resumed}" if resumed else ""))
         metrics = MetricsWriter(self.run_dir, cfg.monitor.tensorboard and self.is_main,
                                 enabled=self.is_main)
