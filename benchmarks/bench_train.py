@@ -84,6 +84,7 @@ from bloomline.trainer.loop import Trainer
 from bloomline.trainer.metrics import measure_peak_flops
 from bloomline.trainer.model import build_model
 from bloomline.trainer.optim import build_optimizer
+from bloomline.trainer.precision import fast_low_precision
 
 LAYERS, HIDDEN, HEADS, SEQ, VOCAB, MBS = 6, 384, 6, 256, 8064, 8
 LR, BETAS, EPS, WEIGHT_DECAY, CLIP = 3e-4, (0.9, 0.95), 1e-8, 0.1, 1.0
@@ -274,10 +275,10 @@ def measure_steps(precision: str, args, tokens: torch.Tensor) -> dict:
             "notes": notes}
 
 
-def measure_thermometers(args, tokens: torch.Tensor) -> dict:
-    """Our bf16 step with the thermometers on against the same step without, alternating
-    within each round (the same trainer, so the same weights and caches)."""
-    cfg = trainer_config("bf16")
+def measure_thermometers(args, tokens: torch.Tensor, precision: str) -> dict:
+    """Our step with the thermometers on against the same step without, alternating within
+    each round (the same trainer, so the same weights and caches)."""
+    cfg = trainer_config(precision)
     trainer = Trainer(cfg, log=lambda *_: None)
     lr = cfg.optimizer.lr
     for _ in range(args.warmup):
@@ -290,7 +291,7 @@ def measure_thermometers(args, tokens: torch.Tensor) -> dict:
             start = time.perf_counter()
             trainer.train_step([tokens], lr, thermometers=on)
             (thermo if on else plain).append(time.perf_counter() - start)
-    return {"plain": plain, "thermo": thermo}
+    return {"plain": plain, "thermo": thermo, "precision": precision}
 
 
 def measure_optimizer(args) -> dict:
@@ -397,7 +398,7 @@ def ratio(numerators, denominators):
 
 
 def report(args, results: dict, optim: dict, loader: dict | None,
-           thermo: dict | None = None) -> int:
+           thermo: dict | None = None, skipped: dict | None = None) -> int:
     flops = trainer_config("bf16").model.flops_per_token(SEQ)
     rows = []  # (label, ours, baseline, ratio, limit, ours/limit)
     targets, notes = [], []
@@ -435,13 +436,14 @@ def report(args, results: dict, optim: dict, loader: dict | None,
         plain, hot = median(thermo["plain"]), median(thermo["thermo"])
         interval = Config().monitor.thermometer_interval
         extra = max(hot - plain, 0.0) / plain
-        rows.append(("bf16 step with thermometers vs without, s", hot, plain, hot / plain,
-                     None, None))
+        rows.append((f"{thermo['precision']} step with thermometers vs without, s", hot, plain,
+                     hot / plain, None, None))
         targets.append(f"target: thermometers every {interval} steps (the default) cost "
                        f"< 2% of step time: {100 * extra / interval:.3f}% "
                        f"{'PASS' if extra / interval < 0.02 else 'FAIL'} (one thermometer "
                        f"step costs {100 * extra:.1f}% more than a plain one)")
-        notes.append(f"thermometers: {len(thermo['plain'])} alternating pairs of bf16 steps on "
+        notes.append(f"thermometers: {len(thermo['plain'])} alternating pairs of "
+                     f"{thermo['precision']} steps on "
                      "one trainer (per-layer max |attention logit|, max |MLP output|, max "
                      "|residual| on the first micro-batch, per-layer gradient norms)")
     rates = optim["rates"]
@@ -461,11 +463,12 @@ def report(args, results: dict, optim: dict, loader: dict | None,
         rows.append(("loader (2 workers) vs in-process train[i], samples/s",
                      median(loader["loader"]), median(plain), ratio(loader["loader"], plain),
                      2 * median(plain), median(loader["loader"]) / (2 * median(plain))))
-        if "bf16" in results:
-            consumed = [r / SEQ for r in results["bf16"]["rates"]["ours"]]
+        if results:  # against the fastest precision measured: the hungriest consumer
+            fastest = max(results, key=lambda p: median(results[p]["rates"]["ours"]))
+            consumed = [r / SEQ for r in results[fastest]["rates"]["ours"]]
             need = median(consumed)
             gain = median(loader["loader"]) / need
-            rows.append(("loader vs our bf16 step's consumption, samples/s",
+            rows.append((f"loader vs our {fastest} step's consumption, samples/s",
                          median(loader["loader"]), need, gain, None, None))
             targets.append(f"target: loader >= 20x what the model consumes: {gain:,.0f}x "
                            f"{'PASS' if gain >= 20 else 'FAIL'}")
@@ -506,6 +509,8 @@ def report(args, results: dict, optim: dict, loader: dict | None,
               "absolute rates are low and the ratios noisier than usual; rerun when idle")
     print(f"load average (1, 5, 15 min) after the run: "
           f"{', '.join(f'{v:.2f}' for v in os.getloadavg())}")
+    for precision, reason in (skipped or {}).items():
+        targets.insert(0, f"target: ours/{HF} >= 1.2x in {precision}: not measured ({reason})")
     for line in targets:
         print(line)
     return 0
@@ -552,12 +557,22 @@ def main() -> int:
     print(f"malloc mmap threshold: {threshold}", flush=True)
     generator = torch.Generator().manual_seed(SEED)
     tokens = torch.randint(0, DATA_VOCAB, (MBS, SEQ + 1), generator=generator)
+    skipped = {}
+    for precision in args.precisions.split(","):
+        if precision != "fp32" and not fast_low_precision(precision, torch.device("cpu")):
+            skipped[precision] = (f"this CPU ({torch.backends.cpu.get_cpu_capability()}) has no "
+                                  f"oneDNN {precision} path: its matmuls run ~100x slower than "
+                                  "fp32 for both contestants")
+            print(f"{precision}: skipped: {skipped[precision]}", flush=True)
     results = {precision: measure_steps(precision, args, tokens)
-               for precision in args.precisions.split(",")}
-    thermo = measure_thermometers(args, tokens) if "bf16" in results else None
+               for precision in args.precisions.split(",") if precision not in skipped}
+    thermo = None
+    if results:  # the recipe's bf16 where it runs, else what did
+        thermo = measure_thermometers(args, tokens, "bf16" if "bf16" in results
+                                      else next(iter(results)))
     optim = measure_optimizer(args)
     loader = None if args.skip_loader else measure_loader(args)
-    return report(args, results, optim, loader, thermo)
+    return report(args, results, optim, loader, thermo, skipped)
 
 
 if __name__ == "__main__":
