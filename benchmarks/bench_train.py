@@ -49,7 +49,11 @@ and ``make_loader(train, MegatronSampler(...), num_workers=2, prefetch_factor=4,
 pin_memory=False)``: samples/s in micro-batches of 8 from the first batch on (the worker
 start-up is printed apart), over ``--loader-samples`` samples, against a plain in-process loop
 stacking ``train[i]`` in the same order (the baseline; two of them, one per core, are the
-limit) and against what the model consumes (our bf16 step's samples/s; target >= 20x).
+limit) and against what the model consumes (the samples/s of our fastest measured step;
+target >= 20x).
+
+A precision the CPU has no oneDNN kernels for (bf16 without AVX-512: matmuls ~100x slower than
+fp32, for both contestants) is skipped with that reason in its target line.
 
 The machine's load is printed: the load averages and busiest processes before the run, and
 for every round the cores other processes kept busy meanwhile (/proc/stat minus this
