@@ -100,6 +100,19 @@ def test_data_vocabulary_larger_than_the_model_is_refused(corpus, tmp_path, make
         _run(cfg)
 
 
+def test_sequence_length_the_corpus_cannot_fill_names_the_field(corpus, tmp_path,
+                                                                make_config):
+    """Bug: a sequence length longer than the train split's tokens (no index can be built for
+    it) fails deep in the index builder, or names dataprep's --seq-length flag instead of the
+    trainer's field, or leaves a half-built index behind."""
+    cfg = make_config(corpus, tmp_path / "run", data={"seq_length": 20000})
+    with pytest.raises(UserError, match=r"too few for one sample of 20001; lower "
+                                        r"data.seq_length"):
+        _run(cfg)
+    leftovers = list((tmp_path / "corpus" / ".index").rglob("*partial*"))
+    assert not leftovers, leftovers
+
+
 def test_missing_corpus_and_incompatible_checkpoint_name_the_field(corpus, tmp_path, make_config):
     """Catches: a resume that loads weights of another shape (a cryptic size mismatch) and a
     run started without data."""

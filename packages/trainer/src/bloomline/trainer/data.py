@@ -81,7 +81,13 @@ def open_splits(corpus: str, seq_length: int, train_samples: int, valid_samples:
     request = IndexRequest(seq_length=seq_length, train_samples=train_samples,
                            valid_samples=valid_samples, test_samples=None, split=split,
                            seed=seed, weights=weights or None)
-    built = build_sample_datasets(corpus, request, cache_dir=cache_dir or None)
+    try:
+        built = build_sample_datasets(corpus, request, cache_dir=cache_dir or None)
+    except UserError as err:
+        # dataprep names its own CLI flags; here the same settings are config fields
+        err.args = (str(err).replace("--seq-length", "data.seq_length")
+                    .replace("--split", "data.split"),)
+        raise
     if "train" not in built.splits:
         raise UserError(f"data.split {split!r}: gives the train split no documents")
     return {name: TokenSamples(ds, seq_length) for name, ds in built.splits.items()}
