@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 import torch
 from distributed import run_distributed
+from trainer_fixtures import write_corpus
 
 from bloomline.trainer.config import Config
 from bloomline.trainer.loop import Trainer
-from trainer_fixtures import write_corpus
 
 STEPS, SAVED_AT = 6, 3
 
