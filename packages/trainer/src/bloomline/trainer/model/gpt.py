@@ -19,6 +19,7 @@ from torch import nn
 from bloomline.trainer.model.attention import Attention
 from bloomline.trainer.model.config import ModelConfig
 from bloomline.trainer.model.layers import LayerNorm, compute_dtype
+from bloomline.trainer.model.loss import linear_cross_entropy
 
 __all__ = ["GPT", "MLP", "Block", "build_model"]
 
@@ -66,7 +67,8 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    """``forward(input_ids [b, L]) -> logits [b, L, vocab]``."""
+    """``forward(input_ids [b, L]) -> logits [b, L, vocab]``; ``forward(input_ids, labels)``
+    -> the mean cross-entropy, head and loss fused (``model/loss.py``)."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -85,16 +87,23 @@ class GPT(nn.Module):
         # keeps word_embeddings only as the tied head's weight)
         self.embeds_tokens = True
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """``input_ids`` [b, L] -> logits [b, L, vocab]. A pipeline stage without the
-        embedding (``word_embeddings`` None or ``embeds_tokens`` False) takes hidden states
-        [b, L, h] instead, and one without the head (``ln_f`` None) returns hidden states."""
+    def forward(self, input_ids: torch.Tensor,
+                labels: torch.Tensor | None = None) -> torch.Tensor:
+        """``input_ids`` [b, L] -> logits [b, L, vocab], or with ``labels`` [b, L] the mean
+        fp32 cross-entropy (labels < 0 ignored) without materializing fp32 logits. A pipeline
+        stage without the embedding (``word_embeddings`` None or ``embeds_tokens`` False) takes
+        hidden states [b, L, h] instead, and one without the head (``ln_f`` None) returns
+        hidden states. Vocabulary-sharded (tensor-parallel) heads take the logits path."""
         embeds = self.embeds_tokens and self.word_embeddings is not None
         x = self.embed(input_ids) if embeds else input_ids
         bias = self.attention_bias(x.shape[1], x.device)
         for block in self.h.values():
             x = block(x, bias)
-        return self.head(x) if self.ln_f is not None else x
+        if self.ln_f is None:
+            return x
+        if labels is not None:
+            return linear_cross_entropy(self.ln_f(x), self.word_embeddings.weight, labels)
+        return self.head(x)
 
     def attention_bias(self, seq_length: int, device: torch.device) -> torch.Tensor | None:
         """The ALiBi bias every block shares (all layers hold the same heads), made outside
