@@ -51,7 +51,7 @@ def test_matches_cross_entropy_over_materialized_logits(monkeypatch, dtype, rtol
     assert got[0].dtype == torch.float32
     torch.testing.assert_close(got[0], expected[0], rtol=1e-5 if dtype == torch.float32 else 1e-3,
                                atol=0)
-    for ours, ref in zip(got[1:], expected[1:]):
+    for ours, ref in zip(got[1:], expected[1:], strict=True):
         torch.testing.assert_close(ours, ref, rtol=rtol, atol=rtol * ref.abs().max().item())
     # the head is per token: an ignored row's hidden state gets no gradient at all
     assert torch.equal(got[1][[0, 7, 60]], torch.zeros(3, 24, dtype=got[1].dtype))
@@ -67,7 +67,7 @@ def test_fp16_keeps_the_unfused_path():
     labels = torch.randint(0, 50, (40,), generator=generator)
     expected = _loss_and_grads(_reference, hidden, weight, labels, torch.float16, 2.0 ** 16)
     got = _loss_and_grads(_ours, hidden, weight, labels, torch.float16, 2.0 ** 16)
-    for ours, ref in zip(got, expected):
+    for ours, ref in zip(got, expected, strict=True):
         assert torch.equal(ours, ref)
 
 
