@@ -8,8 +8,8 @@ tokens, the same batch of random token ids (< 8000) every step, on CPU:
   (a) ours: ``bloomline.trainer.loop.Trainer`` built from a ``Config`` with that model (no
       data is opened), and ``trainer.train_step([tokens], lr)`` with ``tokens`` [8, 257]
       int64: exactly what the training loop runs per step (forward under the precision
-      policy, fp32 cross-entropy, backward, clip to 1.0, ``build_optimizer``'s AdamW step,
-      zero_grad);
+      policy, the LM head fused with the fp32 cross-entropy (``model/loss.py``: no fp32
+      logits), backward, clip to 1.0, ``build_optimizer``'s AdamW step, zero_grad);
   (b) transformers: ``BloomForCausalLM(BloomConfig(...))`` with fp32 parameters, a stock
       ``torch.optim.AdamW`` with the same lr 3e-4, betas (0.9, 0.95), eps 1e-8 and weight
       decay groups (0.1 on matrices, none on biases and LayerNorms; torch chooses the
