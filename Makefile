@@ -10,7 +10,7 @@ DEMO   := build/demo
 STAMP     := $(VENV)/.installed-dev
 STAMP_CMP := $(VENV)/.installed-compat
 
-.PHONY: demo test lint bench-tokenize bench-readers bench-build-index bench-inspect bench-train bench-parallel clean
+.PHONY: demo test lint bench-tokenize bench-readers bench-build-index bench-inspect bench-train bench-step-parts bench-parallel clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -65,6 +65,10 @@ bench-inspect: $(STAMP)
 # loader part uses the demo corpus, which the benchmark makes with dataprep when it is missing
 bench-train: $(STAMP) $(STAMP_CMP)
 	$(BIN)/python benchmarks/bench_train.py
+
+# where bench-train's step spends its time: matmul-only ceiling, in-situ cost of each other part
+bench-step-parts: $(STAMP)
+	$(BIN)/python benchmarks/bench_step_parts.py
 
 # ZeRO memory and bytes per rank, pipeline bubbles: CPU processes on gloo (GPU throughput of the
 # 350M/1.3B recipes: benchmarks/gpu_throughput.sh, on a machine with GPUs)

@@ -1,0 +1,200 @@
+"""Where our training step's time goes on this CPU: its matmul-only ceiling, and what each
+non-matmul part costs inside the real step. The companion of ``bench_train.py`` (same model,
+batch and ``Trainer``), for whoever chases its 1.2x target.
+
+(1) Matmul ceiling: every matmul of one step of ours, timed alone at its shape and dtype
+    (median of 5 runs of 10) and summed: per layer the QKV, attention-output, fc1 and fc2
+    products (forward, input gradient, weight gradient) and attention's two batched products
+    (forward and two backward each); once the tied head's three. Reported as tokens/s were the
+    step nothing but these matmuls, next to the 1024^3 matmul peak ``bench_train`` divides by
+    (its "limit"), and the real step measured in the same run.
+(2) In-situ costs: one ``Trainer`` runs the real step and the same step with one part taken
+    out (its results are wrong; only the time counts), alternating which goes first, for
+    ``--pairs`` pairs after warm-up; reported: the mean time saved per step +- its standard
+    error, and its share of the real step. Paired steps share the machine's state of the
+    moment, so the drift of a shared 2-core machine (+-15% between minutes) cancels out;
+    isolated micro-benchmarks of the same parts misled (a block-causal attention kernel 25%
+    faster alone was 0.6% faster in the step). The parts:
+      gelu       the MLP's tanh-GELU (replaced by the identity);
+      softmax    attention's bias add, fp32 softmax and cast (the scores pass through);
+      layernorm  every LayerNorm (replaced by a cast to the compute dtype);
+      head loop  the fused head's fp32 log-sum-exp, loss and gradient loop (``model/loss.py``:
+                 only its three matmuls remain).
+
+Run: ``make bench-step-parts`` or ``.venv/bin/python benchmarks/bench_step_parts.py [--pairs N]``
+(about 10 minutes for both precisions on 2 idle cores at the default 30 pairs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import bench_train as bt  # noqa: E402  (the same model, batch and Trainer config)
+
+from bloomline.trainer.loop import Trainer  # noqa: E402
+from bloomline.trainer.metrics import measure_peak_flops  # noqa: E402
+from bloomline.trainer.model import attention, gpt, layers, loss  # noqa: E402
+from bloomline.trainer.precision import fast_low_precision  # noqa: E402
+
+TOKENS = bt.MBS * bt.SEQ
+
+
+def median_seconds(fn: Callable[[], object], repeats: int = 5, calls: int = 10) -> float:
+    fn()
+    runs = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        runs.append((time.perf_counter() - start) / calls)
+    return statistics.median(runs)
+
+
+def matmul_ceiling(dtype: torch.dtype) -> float:
+    """Seconds per step spent in its matmuls alone (see the module docstring)."""
+    h, heads, seq = bt.HIDDEN, bt.HEADS, bt.SEQ
+    head_dim = h // heads
+    total = 0.0
+
+    def linear(n_in: int, n_out: int, rows: int = TOKENS) -> float:
+        x, w = torch.randn(rows, n_in, dtype=dtype), torch.randn(n_out, n_in, dtype=dtype)
+        grad = torch.randn(rows, n_out, dtype=dtype)
+        return (median_seconds(lambda: x @ w.t()) + median_seconds(lambda: grad @ w)
+                + median_seconds(lambda: grad.t() @ x))
+
+    for n_in, n_out in ((h, 3 * h), (h, h), (h, 4 * h), (4 * h, h)):
+        total += bt.LAYERS * linear(n_in, n_out)
+    batch = bt.MBS * heads
+    q = torch.randn(batch, seq, head_dim, dtype=dtype)
+    k = torch.randn(batch, seq, head_dim, dtype=dtype)
+    probs = torch.randn(batch, seq, seq, dtype=dtype)
+    scores = median_seconds(lambda: q @ k.transpose(1, 2))  # [L, d] x [d, L]
+    mixing = median_seconds(lambda: probs @ q)  # [L, L] x [L, d]
+    total += bt.LAYERS * 3 * (scores + mixing)  # each: forward and two backward products
+    return total + linear(h, bt.VOCAB)
+
+
+@contextmanager
+def patched(owner, name: str, replacement):
+    original = owner.__dict__[name]
+    setattr(owner, name, replacement)
+    try:
+        yield
+    finally:
+        setattr(owner, name, original)
+
+
+def _mlp_without_gelu(self, x):
+    return self.dense_4h_to_h(self.dense_h_to_4h(x))
+
+
+def _attention_without_softmax(self, q, k, v, bias, dropout):
+    scores = torch.matmul(q * (1.0 / math.sqrt(self.head_dim)), k.transpose(-1, -2))
+    return torch.matmul(scores.to(v.dtype), v)
+
+
+def _layernorm_as_cast(self, x):
+    return x.to(layers.compute_dtype(self.weight))
+
+
+def _head_matmuls_only(ctx, hidden, weight, labels):
+    logits = hidden @ weight.t()
+    ctx.save_for_backward(logits.t() @ hidden, logits @ weight)
+    return logits[0, 0].float() * 0.0 + 1.0
+
+
+PARTS = {
+    "gelu": lambda: patched(gpt.MLP, "forward", _mlp_without_gelu),
+    "softmax": lambda: patched(attention.Attention, "_eager", _attention_without_softmax),
+    "layernorm": lambda: patched(layers.LayerNorm, "forward", _layernorm_as_cast),
+    "head loop": lambda: patched(loss.LinearCrossEntropy, "forward",
+                                 staticmethod(_head_matmuls_only)),
+}
+
+
+def in_situ_cost(trainer: Trainer, tokens: torch.Tensor, part: str,
+                 pairs: int) -> tuple[float, float, float]:
+    """(mean seconds saved per step, its standard error, median real step seconds)."""
+    def step(without: bool) -> float:
+        start = time.perf_counter()
+        if without:
+            with PARTS[part]():
+                trainer.train_step([tokens], bt.LR)
+        else:
+            trainer.train_step([tokens], bt.LR)
+        return time.perf_counter() - start
+
+    for without in (False, True, False, True):  # warm-up of both variants
+        step(without)
+    saved, real = [], []
+    for index in range(pairs):
+        order = (False, True) if index % 2 == 0 else (True, False)
+        times = {without: step(without) for without in order}
+        saved.append(times[False] - times[True])
+        real.append(times[False])
+    return statistics.mean(saved), statistics.stdev(saved) / math.sqrt(pairs), \
+        statistics.median(real)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--precisions", default="bf16,fp32")
+    parser.add_argument("--pairs", type=int, default=30, help="paired steps per part")
+    parser.add_argument("--parts", default=",".join(PARTS))
+    args = parser.parse_args()
+    bt.tune_malloc()
+    print(bt.machine_report())
+    torch.manual_seed(bt.SEED)
+    tokens = torch.randint(0, bt.DATA_VOCAB, (bt.MBS, bt.SEQ + 1))
+    rows = []
+    for precision in args.precisions.split(","):
+        if precision == "bf16" and not fast_low_precision("bf16", torch.device("cpu")):
+            print("bf16: skipped, this CPU has no oneDNN bf16 path (AVX-512)")
+            continue
+        dtype = bt.DTYPES[precision]
+        trainer = Trainer(bt.trainer_config(precision), log=lambda *_: None)
+        costs = {part: in_situ_cost(trainer, tokens, part, args.pairs)
+                 for part in args.parts.split(",")}
+        step = statistics.median(real for _, _, real in costs.values())
+        ceiling = matmul_ceiling(dtype)
+        peak = measure_peak_flops(torch.device("cpu"), dtype)
+        flops = bt.trainer_config(precision).model.flops_per_token(bt.SEQ)
+        rows.append((f"{precision} step, tokens/s (real: median over the pairs)",
+                     f"{TOKENS / step:,.0f}", f"{TOKENS / ceiling:,.0f}",
+                     f"{ceiling / step:.2f}", f"{peak / flops:,.0f}"))
+        for part, (saved, error, _) in costs.items():
+            rows.append((f"{precision} {part}, ms per step",
+                         f"{saved * 1e3:.1f} +- {error * 1e3:.1f}", f"{step * 1e3:.0f}",
+                         f"{saved / step:.1%}", "-"))
+    print()
+    widths = (52, 16, 12, 8, 10)
+
+    def line(cells) -> str:
+        return "".join(f"{c:<{w}}" if i == 0 else f"{c:>{w}}"
+                       for i, (c, w) in enumerate(zip(cells, widths, strict=True)))
+
+    print(line(("measurement", "ours", "baseline", "ratio", "limit")))
+    print("-" * sum(widths))
+    for row in rows:
+        print(line(row))
+    print("step row: ours = the real step; baseline = the matmul-only ceiling (every matmul "
+          "of the step alone at its shape); ratio = ceiling time / real time; limit = the "
+          "1024^3 matmul peak over the model's FLOPs per token (bench_train's limit).")
+    print("part rows: ours = mean time the part costs inside the step +- standard error over "
+          f"{args.pairs} paired steps; baseline = the real step, ms; ratio = the part's share.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
