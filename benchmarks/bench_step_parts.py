@@ -16,10 +16,15 @@ batch and ``Trainer``), for whoever chases its 1.2x target.
     isolated micro-benchmarks of the same parts misled (a block-causal attention kernel 25%
     faster alone was 0.6% faster in the step). The parts:
       gelu       the MLP's tanh-GELU (replaced by the identity);
-      softmax    attention's bias add, fp32 softmax and cast (the scores pass through);
+      softmax    attention's bias add and softmax (the scores pass through);
       layernorm  every LayerNorm (replaced by a cast to the compute dtype);
       head loop  the fused head's fp32 log-sum-exp, loss and gradient loop (``model/loss.py``:
                  only its three matmuls remain).
+(3) What our kernels save against what they replaced, the same paired way, the replacement
+    running in the "without" step (the row reports its extra time, so positive = ours saves):
+      aten gelu    ATen's tanh-form GELU instead of ``model/gelu.py``'s compiled sigmoid form;
+      fp32 scores  attention scores upcast to fp32 before the bias and softmax (and the
+                   probabilities cast back) instead of staying bf16 on CPU (a no-op in fp32).
 
 Run: ``make bench-step-parts`` or ``.venv/bin/python benchmarks/bench_step_parts.py [--pairs N]``
 (about 10 minutes for both precisions on 2 idle cores at the default 30 pairs).
@@ -44,7 +49,7 @@ import bench_train as bt  # noqa: E402  (the same model, batch and Trainer confi
 
 from bloomline.trainer.loop import Trainer  # noqa: E402
 from bloomline.trainer.metrics import measure_peak_flops  # noqa: E402
-from bloomline.trainer.model import attention, gpt, layers, loss  # noqa: E402
+from bloomline.trainer.model import attention, gelu, gpt, layers, loss  # noqa: E402
 from bloomline.trainer.precision import fast_low_precision  # noqa: E402
 
 TOKENS = bt.MBS * bt.SEQ
@@ -114,6 +119,16 @@ def _head_matmuls_only(ctx, hidden, weight, labels):
     return logits[0, 0].float() * 0.0 + 1.0
 
 
+def _upcast_softmax_dtype(compute, device, fp32):
+    return torch.float32 if fp32 else compute
+
+
+# replacements by what ran before: the time "without" ours is the replacement's
+ALTERNATIVES = {
+    "aten gelu": lambda: patched(gpt, "bloom_gelu", gelu.gelu_reference),
+    "fp32 scores": lambda: patched(attention, "softmax_dtype", _upcast_softmax_dtype),
+}
+
 PARTS = {
     "gelu": lambda: patched(gpt.MLP, "forward", _mlp_without_gelu),
     "softmax": lambda: patched(attention.Attention, "_eager", _attention_without_softmax),
@@ -129,7 +144,7 @@ def in_situ_cost(trainer: Trainer, tokens: torch.Tensor, part: str,
     def step(without: bool) -> float:
         start = time.perf_counter()
         if without:
-            with PARTS[part]():
+            with {**PARTS, **ALTERNATIVES}[part]():
                 trainer.train_step([tokens], bt.LR)
         else:
             trainer.train_step([tokens], bt.LR)
@@ -151,7 +166,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--precisions", default="bf16,fp32")
     parser.add_argument("--pairs", type=int, default=30, help="paired steps per part")
-    parser.add_argument("--parts", default=",".join(PARTS))
+    parser.add_argument("--parts", default=",".join([*PARTS, *ALTERNATIVES]))
     args = parser.parse_args()
     bt.tune_malloc()
     print(bt.machine_report())
@@ -174,7 +189,10 @@ def main() -> int:
                      f"{TOKENS / step:,.0f}", f"{TOKENS / ceiling:,.0f}",
                      f"{ceiling / step:.2f}", f"{peak / flops:,.0f}"))
         for part, (saved, error, _) in costs.items():
-            rows.append((f"{precision} {part}, ms per step",
+            label = "ms per step" if part in PARTS else "ms ours saves per step"
+            if part in ALTERNATIVES:
+                saved = -saved  # the replacement's extra time
+            rows.append((f"{precision} {part}, {label}",
                          f"{saved * 1e3:.1f} +- {error * 1e3:.1f}", f"{step * 1e3:.0f}",
                          f"{saved / step:.1%}", "-"))
     print()
@@ -192,7 +210,8 @@ def main() -> int:
           "of the step alone at its shape); ratio = ceiling time / real time; limit = the "
           "1024^3 matmul peak over the model's FLOPs per token (bench_train's limit).")
     print("part rows: ours = mean time the part costs inside the step +- standard error over "
-          f"{args.pairs} paired steps; baseline = the real step, ms; ratio = the part's share.")
+          f"{args.pairs} paired steps; baseline = the real step, ms; ratio = the part's share; "
+          "'saves' rows: the replacement's extra time (positive: ours is faster).")
     return 0
 
 

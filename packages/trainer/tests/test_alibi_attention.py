@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from bloomline.trainer.model import ModelConfig, alibi_bias, alibi_slopes
+from bloomline.trainer.model import attention as attention_module
 from bloomline.trainer.model.attention import Attention
 
 
@@ -65,6 +66,46 @@ def test_bf16_paths_agree_within_bf16_tolerance():
         eager.kernel = "sdpa"
         fused = eager(x).float()
     torch.testing.assert_close(fused, reference, atol=3e-2, rtol=3e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_cpu_softmax_of_low_precision_is_fp32_arithmetic(dtype):
+    """Catches: a torch whose CPU softmax computes bf16/fp16 inputs in their own precision.
+    The eager kernel's ``softmax_fp32`` relies on it to keep the scores in bf16 on CPU, so
+    this must hold bit for bit: softmax(x) == softmax(x.float()).to(dtype), masked rows and
+    a length that is not a multiple of the vector width included."""
+    torch.manual_seed(0)
+    x = (torch.randn(2, 3, 37, 261) * 8).to(dtype)
+    x[..., 200:] = float("-inf")
+    assert torch.equal(torch.softmax(x, -1), torch.softmax(x.float(), -1).to(dtype))
+
+
+def test_eager_bf16_on_cpu_keeps_scores_bf16_and_matches_the_fp32_round_trip(monkeypatch):
+    """Catches: the bf16 eager path adding the bias with the wrong broadcast or sign, or
+    losing the fp32 softmax (the old path upcast the scores to fp32: the reference here).
+    Tolerance: outputs within 1e-2 (a bf16 ulp is 2^-8 relative; the paths differ in where
+    the bias add rounds); each gradient within 2% of its norm (sums over 128 tokens of
+    bf16-rounded terms; a wrong bias gives O(1))."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 64, 48, requires_grad=True)
+    layer = _attention("eager", 6)
+
+    def run():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = layer(x)
+        grads = torch.autograd.grad(out.float().square().sum(), [x, *layer.parameters()])
+        return out.float(), grads
+
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert layer.bias_for(64, x.device).dtype == torch.bfloat16
+    out, grads = run()
+    monkeypatch.setattr(attention_module, "softmax_dtype", lambda *_: torch.float32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert layer.bias_for(64, x.device).dtype == torch.float32
+    reference, reference_grads = run()
+    torch.testing.assert_close(out, reference, atol=1e-2, rtol=1e-2)
+    for grad, expected in zip(grads, reference_grads, strict=True):
+        assert (grad - expected).norm() <= 0.02 * expected.norm()
 
 
 def test_flex_attention_matches_sdpa_on_cpu():

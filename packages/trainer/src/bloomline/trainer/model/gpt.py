@@ -18,6 +18,7 @@ from torch import nn
 
 from bloomline.trainer.model.attention import Attention
 from bloomline.trainer.model.config import ModelConfig
+from bloomline.trainer.model.gelu import bloom_gelu
 from bloomline.trainer.model.layers import LayerNorm, compute_dtype
 from bloomline.trainer.model.loss import linear_cross_entropy
 
@@ -31,8 +32,7 @@ class MLP(nn.Module):
         self.dense_4h_to_h = nn.Linear(cfg.ffn_size, cfg.hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # BLOOM's GELU is the tanh approximation
-        return self.dense_4h_to_h(F.gelu(self.dense_h_to_4h(x), approximate="tanh"))
+        return self.dense_4h_to_h(bloom_gelu(self.dense_h_to_4h(x)))
 
 
 class Block(nn.Module):
