@@ -5,7 +5,8 @@ batch and ``Trainer``), for whoever chases its 1.2x target.
 (1) Matmul ceiling: every matmul of one step of ours, timed alone at its shape and dtype
     (median of 5 runs of 10) and summed: per layer the QKV, attention-output, fc1 and fc2
     products (forward, input gradient, weight gradient) and attention's two batched products
-    (forward and two backward each); once the tied head's three. Reported as tokens/s were the
+    (forward and two backward each); once the tied head's three. The linear products run
+    where the step runs them (oneDNN in fp32, ``model/linear.py``). Reported as tokens/s were the
     step nothing but these matmuls, next to the 1024^3 matmul peak ``bench_train`` divides by
     (its "limit"), and the real step measured in the same run.
 (2) In-situ costs: one ``Trainer`` runs the real step and the same step with one part taken
@@ -24,7 +25,10 @@ batch and ``Trainer``), for whoever chases its 1.2x target.
     running in the "without" step (the row reports its extra time, so positive = ours saves):
       aten gelu    ATen's tanh-form GELU instead of ``model/gelu.py``'s compiled sigmoid form;
       fp32 scores  attention scores upcast to fp32 before the bias and softmax (and the
-                   probabilities cast back) instead of staying bf16 on CPU (a no-op in fp32).
+                   probabilities cast back) instead of staying bf16 on CPU (a no-op in fp32);
+      mkl linears  the linear layers' and the head's fp32 products on ATen's MKL sgemm instead
+                   of oneDNN (``model/linear.py``; a no-op in bf16, which ATen already sends
+                   to oneDNN).
 
 Run: ``make bench-step-parts`` or ``.venv/bin/python benchmarks/bench_step_parts.py [--pairs N]``
 (about 10 minutes for both precisions on 2 idle cores at the default 30 pairs).
@@ -50,6 +54,7 @@ import bench_train as bt  # noqa: E402  (the same model, batch and Trainer confi
 from bloomline.trainer.loop import Trainer  # noqa: E402
 from bloomline.trainer.metrics import measure_peak_flops  # noqa: E402
 from bloomline.trainer.model import attention, gelu, gpt, layers, loss  # noqa: E402
+from bloomline.trainer.model import linear as linear_layers  # noqa: E402
 from bloomline.trainer.precision import fast_low_precision  # noqa: E402
 
 TOKENS = bt.MBS * bt.SEQ
@@ -75,8 +80,9 @@ def matmul_ceiling(dtype: torch.dtype) -> float:
     def linear(n_in: int, n_out: int, rows: int = TOKENS) -> float:
         x, w = torch.randn(rows, n_in, dtype=dtype), torch.randn(n_out, n_in, dtype=dtype)
         grad = torch.randn(rows, n_out, dtype=dtype)
-        return (median_seconds(lambda: x @ w.t()) + median_seconds(lambda: grad @ w)
-                + median_seconds(lambda: grad.t() @ x))
+        return (median_seconds(lambda: linear_layers.linear(x, w))
+                + median_seconds(lambda: linear_layers.matmul_2d(grad, w))
+                + median_seconds(lambda: linear_layers.linear_weight_grad(grad, x)))
 
     for n_in, n_out in ((h, 3 * h), (h, h), (h, 4 * h), (4 * h, h)):
         total += bt.LAYERS * linear(n_in, n_out)
@@ -123,10 +129,20 @@ def _upcast_softmax_dtype(compute, device, fp32):
     return torch.float32 if fp32 else compute
 
 
+@contextmanager
+def _mkl_linears():
+    linear_layers.set_onednn_fp32(False)
+    try:
+        yield
+    finally:
+        linear_layers.set_onednn_fp32(True)
+
+
 # replacements by what ran before: the time "without" ours is the replacement's
 ALTERNATIVES = {
     "aten gelu": lambda: patched(gpt, "bloom_gelu", gelu.gelu_reference),
     "fp32 scores": lambda: patched(attention, "softmax_dtype", _upcast_softmax_dtype),
+    "mkl linears": _mkl_linears,
 }
 
 PARTS = {

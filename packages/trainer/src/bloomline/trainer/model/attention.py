@@ -32,6 +32,7 @@ from torch import nn
 from bloomline.trainer.model.alibi import alibi_slopes, cached_alibi_bias
 from bloomline.trainer.model.config import ModelConfig
 from bloomline.trainer.model.layers import compute_dtype
+from bloomline.trainer.model.linear import Linear
 
 __all__ = ["Attention", "resolve_kernel", "softmax_dtype"]
 
@@ -84,8 +85,8 @@ class Attention(nn.Module):
         self.softmax_fp32 = cfg.softmax_fp32
         self.dropout = cfg.attention_dropout
         local = self.num_heads * self.head_dim
-        self.query_key_value = nn.Linear(cfg.hidden_size, 3 * local)
-        self.dense = nn.Linear(local, cfg.hidden_size)
+        self.query_key_value = Linear(cfg.hidden_size, 3 * local)
+        self.dense = Linear(local, cfg.hidden_size)
         # thermometer: when set, forward records max |score + bias| over the causal region
         self.track_max_logit = False
         self.max_logit: torch.Tensor | None = None

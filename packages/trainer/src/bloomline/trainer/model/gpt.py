@@ -20,6 +20,7 @@ from bloomline.trainer.model.attention import Attention
 from bloomline.trainer.model.config import ModelConfig
 from bloomline.trainer.model.gelu import bloom_gelu
 from bloomline.trainer.model.layers import LayerNorm, compute_dtype
+from bloomline.trainer.model.linear import Linear, linear
 from bloomline.trainer.model.loss import linear_cross_entropy
 
 __all__ = ["GPT", "MLP", "Block", "build_model"]
@@ -28,8 +29,8 @@ __all__ = ["GPT", "MLP", "Block", "build_model"]
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.dense_h_to_4h = nn.Linear(cfg.hidden_size, cfg.ffn_size)
-        self.dense_4h_to_h = nn.Linear(cfg.ffn_size, cfg.hidden_size)
+        self.dense_h_to_4h = Linear(cfg.hidden_size, cfg.ffn_size)
+        self.dense_4h_to_h = Linear(cfg.ffn_size, cfg.hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.dense_4h_to_h(bloom_gelu(self.dense_h_to_4h(x)))
@@ -121,7 +122,7 @@ class GPT(nn.Module):
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
         """Final LayerNorm and the LM head tied to the embedding."""
-        return F.linear(self.ln_f(x), self.word_embeddings.weight)
+        return linear(self.ln_f(x), self.word_embeddings.weight)
 
     @torch.no_grad()
     def init_weights(self, seed: int | None = None) -> None:

@@ -30,6 +30,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from bloomline.trainer.model.linear import linear, linear_weight_grad, matmul_2d
+
 __all__ = ["LinearCrossEntropy", "linear_cross_entropy"]
 
 # fp32 bytes of logits handled per chunk: on CPU a chunk that stays in a core's L2 cache
@@ -45,7 +47,7 @@ class LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor,
                 labels: torch.Tensor) -> torch.Tensor:
-        logits = hidden @ weight.t()  # [n, V], the compute dtype
+        logits = linear(hidden, weight)  # [n, V], the compute dtype
         # a tensor, not an int: reading it would wait for the GPU
         count = (labels >= 0).sum().to(torch.float32)
         want_grad = any(ctx.needs_input_grad[:2])
@@ -71,8 +73,9 @@ class LinearCrossEntropy(torch.autograd.Function):
                 probs.scatter_add_(1, picked, valid.unsqueeze(1) / -count)
                 chunk.copy_(probs)
         if want_grad:
-            ctx.save_for_backward(logits.t() @ hidden if ctx.needs_input_grad[1] else None,
-                                  logits @ weight if ctx.needs_input_grad[0] else None)
+            ctx.save_for_backward(
+                linear_weight_grad(logits, hidden) if ctx.needs_input_grad[1] else None,
+                matmul_2d(logits, weight) if ctx.needs_input_grad[0] else None)
         return total / count  # NaN when every label is ignored, as F.cross_entropy
 
     @staticmethod

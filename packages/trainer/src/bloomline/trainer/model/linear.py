@@ -1,0 +1,118 @@
+"""Linear layers whose fp32 CPU matrix products run on oneDNN instead of MKL.
+
+ATen sends an fp32 CPU ``mm``/``addmm`` to MKL's sgemm and only bf16/fp16 products to oneDNN
+(torch uses oneDNN for fp32 only when it may round the inputs to bf16 or tf32, which fp32
+training must not do). oneDNN's fp32 matmul computes in fp32 as well (IEEE products, another
+summation order: differences of fp32 roundoff, ~1e-6 relative) and is faster on the CPUs we
+measured: on 2 cores of an AMD EPYC with AVX-512, MKL takes the AVX2 path and oneDNN's JIT
+kernels use AVX-512; the products of one bench_train layer (M = 2,048 tokens, h = 384) take
+~10% less time forward and into the input (``benchmarks/README.md``).
+
+torch exposes oneDNN's fp32 matmul as ``torch.ops.mkldnn._linear_pointwise(x, w, b)`` = ``x @
+w.T + b`` (the op inductor emits for CPU linears), without a backward. ``linear`` wraps it in
+an autograd node whose backward runs both gradient products on oneDNN too (the weight
+gradient in whichever operand order oneDNN runs faster at that shape, see
+``linear_weight_grad``).
+
+Everything else takes ATen's ``F.linear`` unchanged: other dtypes (bf16 already goes to
+oneDNN), autocast (the bf16 and fp16 precisions), other devices, tensor subclasses (DTensor
+under tensor parallelism), compiled regions (inductor picks its own kernels), a torch built
+without oneDNN, and ``set_onednn_fp32(False)``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["Linear", "linear", "linear_weight_grad", "matmul_2d", "onednn_fp32_enabled",
+           "set_onednn_fp32"]
+
+_enabled = torch.backends.mkldnn.is_available()
+
+
+def set_onednn_fp32(enabled: bool) -> None:
+    """Route eligible fp32 CPU products to oneDNN (the default when torch has it) or MKL."""
+    global _enabled
+    _enabled = bool(enabled) and torch.backends.mkldnn.is_available()
+
+
+def onednn_fp32_enabled() -> bool:
+    return _enabled
+
+
+def _eligible(*tensors: torch.Tensor) -> bool:
+    if not _enabled or torch.compiler.is_compiling() or torch.is_autocast_enabled("cpu"):
+        return False
+    return all(type(t) in (torch.Tensor, nn.Parameter) and t.device.type == "cpu"
+               and t.dtype == torch.float32 for t in tensors)
+
+
+def _onednn(a: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None):
+    """``a @ weight.T (+ bias)`` on oneDNN; ``a`` [M, K], ``weight`` [N, K], any strides."""
+    return torch.ops.mkldnn._linear_pointwise(a, weight, bias, "none", [], "")
+
+
+def matmul_2d(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` for 2-D ``a`` [M, K] and ``b`` [K, N]: oneDNN for fp32 CPU tensors, else ATen.
+    Not differentiable on the oneDNN path (for use inside autograd nodes' own formulas)."""
+    if _eligible(a, b):
+        return _onednn(a, b.t())
+    return a @ b
+
+
+def linear_weight_grad(grad_out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``grad_out.T @ x`` ([N, K] from [M, N] and [M, K]): the weight gradient of a linear
+    layer, contiguous; oneDNN for fp32 CPU tensors, else ATen. oneDNN packs its second
+    operand; measured at M = 2,048 it is faster with the wider of the two there (for N >= K,
+    computing the transpose ``x.T @ grad_out`` and transposing back), and a contiguous result
+    spares autograd's accumulation a copy into the parameter's layout."""
+    if not _eligible(grad_out, x):
+        return grad_out.t() @ x
+    if grad_out.shape[1] >= x.shape[1]:
+        return _onednn(x.t(), grad_out.t()).t().contiguous()
+    return _onednn(grad_out.t(), x.t())
+
+
+class _OneDNNLinear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        return _onednn(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        x, weight = ctx.saved_tensors
+        grad_x = grad_w = grad_b = None
+        if ctx.needs_input_grad[0]:
+            grad_x = _onednn(grad_out, weight.t())
+        if ctx.needs_input_grad[1]:
+            grad_w = linear_weight_grad(grad_out, x)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_b = grad_out.sum(0)
+        return grad_x, grad_w, grad_b
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor,
+           bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear``, on oneDNN for fp32 CPU tensors (see the module docstring)."""
+    if not _eligible(x, weight) or (bias is not None and not _eligible(bias)):
+        return F.linear(x, weight, bias)
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, x.shape[-1])
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
+                                    or (bias is not None and bias.requires_grad)):
+        y = _OneDNNLinear.apply(x2, weight, bias)
+    else:
+        y = _onednn(x2, weight, bias)
+    return y.reshape(*lead, weight.shape[0])
+
+
+class Linear(nn.Linear):
+    """``nn.Linear`` whose fp32 CPU products run on oneDNN (``linear``); the same parameters,
+    state-dict keys and tensor-parallel plans as ``nn.Linear``."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias)
