@@ -26,9 +26,9 @@ batch and ``Trainer``), for whoever chases its 1.2x target.
       aten gelu    ATen's tanh-form GELU instead of ``model/gelu.py``'s compiled sigmoid form;
       fp32 scores  attention scores upcast to fp32 before the bias and softmax (and the
                    probabilities cast back) instead of staying bf16 on CPU (a no-op in fp32);
-      mkl linears  the linear layers' and the head's fp32 products on ATen's MKL sgemm instead
-                   of oneDNN (``model/linear.py``; a no-op in bf16, which ATen already sends
-                   to oneDNN).
+      aten linears the linear layers' and the head's fp32 products on ATen's MKL sgemm
+                   instead of oneDNN (``model/linear.py``; a no-op in bf16, whose products
+                   ATen already runs on oneDNN).
 
 Run: ``make bench-step-parts`` or ``.venv/bin/python benchmarks/bench_step_parts.py [--pairs N]``
 (about 10 minutes for both precisions on 2 idle cores at the default 30 pairs).
@@ -130,19 +130,19 @@ def _upcast_softmax_dtype(compute, device, fp32):
 
 
 @contextmanager
-def _mkl_linears():
-    linear_layers.set_onednn_fp32(False)
+def _aten_linears():
+    linear_layers.set_onednn_linear(False)
     try:
         yield
     finally:
-        linear_layers.set_onednn_fp32(True)
+        linear_layers.set_onednn_linear(True)
 
 
 # replacements by what ran before: the time "without" ours is the replacement's
 ALTERNATIVES = {
     "aten gelu": lambda: patched(gpt, "bloom_gelu", gelu.gelu_reference),
     "fp32 scores": lambda: patched(attention, "softmax_dtype", _upcast_softmax_dtype),
-    "mkl linears": _mkl_linears,
+    "aten linears": _aten_linears,
 }
 
 PARTS = {

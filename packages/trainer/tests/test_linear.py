@@ -75,7 +75,7 @@ def test_no_grad_and_grad_paths_agree_bitwise():
 
 def test_aten_runs_where_onednn_must_not():
     """Bug: the fp32 oneDNN node under autocast (it would compute the bf16 precision's
-    matmuls in fp32), on bf16 tensors, or after ``set_onednn_fp32(False)``: each must be
+    matmuls in fp32), on bf16 tensors, or after ``set_onednn_linear(False)``: each must be
     exactly ATen's ``F.linear``."""
     torch.manual_seed(3)
     x, w, b = torch.randn(4, 8, 16), torch.randn(32, 16), torch.randn(32)
@@ -85,16 +85,16 @@ def test_aten_runs_where_onednn_must_not():
         assert torch.equal(y, F.linear(x, w, b))
     xb, wb = x.bfloat16(), w.bfloat16()
     assert torch.equal(lin.linear(xb, wb), F.linear(xb, wb))
-    lin.set_onednn_fp32(False)
+    lin.set_onednn_linear(False)
     try:
-        assert not lin.onednn_fp32_enabled()
+        assert not lin.onednn_linear_enabled()
         w.requires_grad_(True)
         y = lin.linear(x, w, b)
         assert "_OneDNNLinearBackward" not in _grad_fn_names(y)
         assert torch.equal(y, F.linear(x, w, b))
     finally:
-        lin.set_onednn_fp32(True)
-    assert lin.onednn_fp32_enabled()
+        lin.set_onednn_linear(True)
+    assert lin.onednn_linear_enabled()
 
 
 def test_linear_module_is_an_nn_linear_with_its_state_dict():

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from torch.distributed.tensor import DTensor, Partial
 
-from bloomline.trainer.model.linear import matmul_2d, onednn_fp32_enabled
+from bloomline.trainer.model.linear import matmul_2d, onednn_linear_enabled
 
 __all__ = ["MetricsWriter", "measure_peak_flops", "memory_bytes", "thermometer_readings",
            "console_line"]
@@ -37,7 +37,7 @@ def measure_peak_flops(device: torch.device, dtype: torch.dtype, seconds: float 
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
     products = [torch.matmul]
-    if device.type == "cpu" and dtype == torch.float32 and onednn_fp32_enabled():
+    if device.type == "cpu" and dtype == torch.float32 and onednn_linear_enabled():
         products.append(matmul_2d)
     return max(_time_product(product, a, b, seconds / len(products)) for product in products)
 

@@ -1,23 +1,24 @@
-"""Linear layers whose fp32 CPU matrix products run on oneDNN instead of MKL.
+"""Linear layers whose fp32 CPU products run on oneDNN instead of MKL.
 
 ATen sends an fp32 CPU ``mm``/``addmm`` to MKL's sgemm and only bf16/fp16 products to oneDNN
 (torch uses oneDNN for fp32 only when it may round the inputs to bf16 or tf32, which fp32
-training must not do). oneDNN's fp32 matmul computes in fp32 as well (IEEE products, another
-summation order: differences of fp32 roundoff, ~1e-6 relative) and is faster on the CPUs we
-measured: on 2 cores of an AMD EPYC with AVX-512, MKL takes the AVX2 path and oneDNN's JIT
-kernels use AVX-512; the products of one bench_train layer (M = 2,048 tokens, h = 384) take
-~10% less time forward and into the input (``benchmarks/README.md``).
+training must not do). oneDNN's fp32 matmul computes in fp32 as well (IEEE products in another
+summation order: differences of fp32 roundoff, ~1e-6 relative) and is faster where we
+measured: on 2 cores of an AMD EPYC with AVX-512 at the bench_train shapes (M = 2,048 tokens,
+h = 384), ~10% per product forward and into the input, and a 1024^3 product at ~180 GFLOP/s
+against MKL's ~140; inside the fp32 step that saves 55-75 ms of ~1,200
+(``benchmarks/README.md``).
 
-torch exposes oneDNN's fp32 matmul as ``torch.ops.mkldnn._linear_pointwise(x, w, b)`` = ``x @
-w.T + b`` (the op inductor emits for CPU linears), without a backward. ``linear`` wraps it in
-an autograd node whose backward runs both gradient products on oneDNN too (the weight
-gradient in whichever operand order oneDNN runs faster at that shape, see
-``linear_weight_grad``).
+torch exposes oneDNN's matmul as ``torch.ops.mkldnn._linear_pointwise(x, w, b)`` = ``x @ w.T +
+b`` (the op inductor emits for CPU linears), without a backward. ``linear`` wraps it in an
+autograd node whose backward runs both gradient products on oneDNN too, the weight gradient
+in whichever operand order is faster at its shape (``linear_weight_grad``).
 
-Everything else takes ATen's ``F.linear`` unchanged: other dtypes (bf16 already goes to
-oneDNN), autocast (the bf16 and fp16 precisions), other devices, tensor subclasses (DTensor
-under tensor parallelism), compiled regions (inductor picks its own kernels), a torch built
-without oneDNN, and ``set_onednn_fp32(False)``.
+Everything else takes ATen's ``F.linear`` unchanged: other dtypes and autocast (bf16 products
+already run on oneDNN; routing them through this op to fuse the bias add saved nothing
+measurable in the step), other devices, tensor subclasses (DTensor under tensor
+parallelism), compiled regions (inductor picks its own kernels), a torch built without
+oneDNN, and ``set_onednn_linear(False)``.
 """
 
 from __future__ import annotations
@@ -26,27 +27,28 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["Linear", "linear", "linear_weight_grad", "matmul_2d", "onednn_fp32_enabled",
-           "set_onednn_fp32"]
+__all__ = ["Linear", "linear", "linear_weight_grad", "matmul_2d", "onednn_linear_enabled",
+           "set_onednn_linear"]
 
 _enabled = torch.backends.mkldnn.is_available()
 
 
-def set_onednn_fp32(enabled: bool) -> None:
-    """Route eligible fp32 CPU products to oneDNN (the default when torch has it) or MKL."""
+def set_onednn_linear(enabled: bool) -> None:
+    """Route fp32 CPU linear products to oneDNN (the default when torch has it) or to ATen."""
     global _enabled
     _enabled = bool(enabled) and torch.backends.mkldnn.is_available()
 
 
-def onednn_fp32_enabled() -> bool:
+def onednn_linear_enabled() -> bool:
     return _enabled
 
 
-def _eligible(*tensors: torch.Tensor) -> bool:
+def _fp32(*tensors: torch.Tensor | None) -> bool:
+    """Whether a product of ``tensors`` (None: an absent bias) runs on oneDNN's fp32 kernel."""
     if not _enabled or torch.compiler.is_compiling() or torch.is_autocast_enabled("cpu"):
         return False
-    return all(type(t) in (torch.Tensor, nn.Parameter) and t.device.type == "cpu"
-               and t.dtype == torch.float32 for t in tensors)
+    return all(t is None or (type(t) in (torch.Tensor, nn.Parameter) and t.device.type == "cpu"
+                             and t.dtype == torch.float32) for t in tensors)
 
 
 def _onednn(a: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None):
@@ -57,7 +59,7 @@ def _onednn(a: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = N
 def matmul_2d(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``a @ b`` for 2-D ``a`` [M, K] and ``b`` [K, N]: oneDNN for fp32 CPU tensors, else ATen.
     Not differentiable on the oneDNN path (for use inside autograd nodes' own formulas)."""
-    if _eligible(a, b):
+    if _fp32(a, b):
         return _onednn(a, b.t())
     return a @ b
 
@@ -68,7 +70,7 @@ def linear_weight_grad(grad_out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     operand; measured at M = 2,048 it is faster with the wider of the two there (for N >= K,
     computing the transpose ``x.T @ grad_out`` and transposing back), and a contiguous result
     spares autograd's accumulation a copy into the parameter's layout."""
-    if not _eligible(grad_out, x):
+    if not _fp32(grad_out, x):
         return grad_out.t() @ x
     if grad_out.shape[1] >= x.shape[1]:
         return _onednn(x.t(), grad_out.t()).t().contiguous()
@@ -98,12 +100,12 @@ class _OneDNNLinear(torch.autograd.Function):
 def linear(x: torch.Tensor, weight: torch.Tensor,
            bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear``, on oneDNN for fp32 CPU tensors (see the module docstring)."""
-    if not _eligible(x, weight) or (bias is not None and not _eligible(bias)):
+    if not _fp32(x, weight, bias):
         return F.linear(x, weight, bias)
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
-    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
-                                    or (bias is not None and bias.requires_grad)):
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad
+                                       for t in (x2, weight, bias)):
         y = _OneDNNLinear.apply(x2, weight, bias)
     else:
         y = _onednn(x2, weight, bias)
