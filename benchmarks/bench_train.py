@@ -32,10 +32,11 @@ Each precision warms every contestant up (``--warmup`` steps), then runs ``--rou
 ``--steps`` steps per contestant, the order reversed every round; tokens/s is taken per round,
 each ratio within a round and the median over rounds reported, because this 2-core machine is
 shared and its speed drifts from one minute to the next. The limit of a step is the matmul
-peak (``measure_peak_flops``: a 1024^3 matmul in that dtype, taken once per round, the highest
-used) over the model FLOPs per token (``ModelConfig.flops_per_token(256)``, forward +
-backward, Megatron's count): ours/limit is the MFU. The losses of the first and last step are
-printed to show that both train on the same problem.
+peak (``measure_peak_flops``: a 1024^3 matmul in that dtype, in fp32 the faster of ATen's MKL
+product and oneDNN's, taken once per round, the highest used) over the model FLOPs per token
+(``ModelConfig.flops_per_token(256)``, forward + backward, Megatron's count): ours/limit is
+the MFU. The losses of the first and last step are printed to show that both train on the
+same problem.
 
 The optimizer step alone (random gradients on our model's parameters): ours
 (``build_optimizer``) against the stock ``torch.optim.AdamW`` of the transformers step, and
