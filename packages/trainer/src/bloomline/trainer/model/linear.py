@@ -30,13 +30,24 @@ from torch import nn
 __all__ = ["Linear", "linear", "linear_weight_grad", "matmul_2d", "onednn_linear_enabled",
            "set_onednn_linear"]
 
-_enabled = torch.backends.mkldnn.is_available()
+def _onednn_available() -> bool:
+    """torch built with oneDNN and still exposing its linear op (a private op: a torch that
+    renames it falls back to ATen instead of failing)."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        return torch.ops.mkldnn._linear_pointwise.default is not None
+    except (AttributeError, RuntimeError):
+        return False
+
+
+_enabled = _onednn_available()
 
 
 def set_onednn_linear(enabled: bool) -> None:
     """Route fp32 CPU linear products to oneDNN (the default when torch has it) or to ATen."""
     global _enabled
-    _enabled = bool(enabled) and torch.backends.mkldnn.is_available()
+    _enabled = bool(enabled) and _onednn_available()
 
 
 def onednn_linear_enabled() -> bool:
