@@ -6,9 +6,9 @@ batch and ``Trainer``), for whoever chases its 1.2x target.
     (median of 5 runs of 10) and summed: per layer the QKV, attention-output, fc1 and fc2
     products (forward, input gradient, weight gradient) and attention's two batched products
     (forward and two backward each); once the tied head's three. The linear products run
-    where the step runs them (oneDNN in fp32, ``model/linear.py``). Reported as tokens/s were the
-    step nothing but these matmuls, next to the 1024^3 matmul peak ``bench_train`` divides by
-    (its "limit"), and the real step measured in the same run.
+    where the step runs them (in fp32 on ``model/linear.py``'s choice for this CPU). Reported
+    as tokens/s were the step nothing but these matmuls, next to the 1024^3 matmul peak
+    ``bench_train`` divides by (its "limit"), and the real step measured in the same run.
 (2) In-situ costs: one ``Trainer`` runs the real step and the same step with one part taken
     out (its results are wrong; only the time counts), alternating which goes first, for
     ``--pairs`` pairs after warm-up; reported: the mean time saved per step +- its standard
@@ -26,9 +26,10 @@ batch and ``Trainer``), for whoever chases its 1.2x target.
       aten gelu    ATen's tanh-form GELU instead of ``model/gelu.py``'s compiled sigmoid form;
       fp32 scores  attention scores upcast to fp32 before the bias and softmax (and the
                    probabilities cast back) instead of staying bf16 on CPU (a no-op in fp32);
-      aten linears the linear layers' and the head's fp32 products on ATen's MKL sgemm
-                   instead of oneDNN (``model/linear.py``; a no-op in bf16, whose products
-                   ATen already runs on oneDNN).
+      other linears the linear layers' and the head's fp32 products on the backend
+                   ``cpu_fp32_matmul = "auto"`` did not choose for this CPU (oneDNN on
+                   Intel, ATen's MKL sgemm on AMD; ``model/linear.py``): what that choice
+                   saves. A no-op in bf16, whose products ATen already runs on oneDNN.
 
 Run: ``make bench-step-parts`` or ``.venv/bin/python benchmarks/bench_step_parts.py [--pairs N]``
 (about 10 minutes for both precisions on 2 idle cores at the default 30 pairs).
@@ -130,19 +131,20 @@ def _upcast_softmax_dtype(compute, device, fp32):
 
 
 @contextmanager
-def _aten_linears():
-    linear_layers.set_onednn_linear(False)
+def _other_linears():
+    chosen = linear_layers.onednn_linear_enabled()
+    linear_layers.set_onednn_linear(not chosen)
     try:
         yield
     finally:
-        linear_layers.set_onednn_linear(True)
+        linear_layers.set_onednn_linear(chosen)
 
 
 # replacements by what ran before: the time "without" ours is the replacement's
 ALTERNATIVES = {
     "aten gelu": lambda: patched(gpt, "bloom_gelu", gelu.gelu_reference),
     "fp32 scores": lambda: patched(attention, "softmax_dtype", _upcast_softmax_dtype),
-    "aten linears": _aten_linears,
+    "other linears": _other_linears,
 }
 
 PARTS = {

@@ -1,6 +1,9 @@
-"""model/linear.py: fp32 CPU linear layers on oneDNN, ATen everywhere else."""
+"""model/linear.py: fp32 CPU linear layers on oneDNN where chosen, ATen everywhere else."""
 
 from __future__ import annotations
+
+import platform
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,6 +15,16 @@ from bloomline.trainer.model import linear as lin
 # is correct but gives up the fp32 speed, which someone should notice
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(),
                                 reason="torch built without oneDNN")
+
+
+@pytest.fixture(autouse=True)
+def onednn_route():
+    """Every test here starts on the oneDNN route, whatever this machine's default, and leaves
+    the process's choice as it found it."""
+    before = lin.onednn_linear_enabled()
+    lin.set_onednn_linear(True)
+    yield
+    lin.set_onednn_linear(before)
 
 
 def _grad_fn_names(t: torch.Tensor) -> set[str]:
@@ -88,15 +101,37 @@ def test_aten_runs_where_onednn_must_not():
     xb, wb = x.bfloat16(), w.bfloat16()
     assert torch.equal(lin.linear(xb, wb), F.linear(xb, wb))
     lin.set_onednn_linear(False)
-    try:
-        assert not lin.onednn_linear_enabled()
-        w.requires_grad_(True)
-        y = lin.linear(x, w, b)
-        assert "_OneDNNLinearBackward" not in _grad_fn_names(y)
-        assert torch.equal(y, F.linear(x, w, b))
-    finally:
-        lin.set_onednn_linear(True)
-    assert lin.onednn_linear_enabled()
+    assert not lin.onednn_linear_enabled()
+    w.requires_grad_(True)
+    y = lin.linear(x, w, b)
+    assert "_OneDNNLinearBackward" not in _grad_fn_names(y)
+    assert torch.equal(y, F.linear(x, w, b))
+
+
+@pytest.mark.parametrize(("vendor", "choice", "backend"), [
+    ("AuthenticAMD", "auto", "onednn"), ("GenuineIntel", "auto", "aten"), ("", "auto", "aten"),
+    ("GenuineIntel", "onednn", "onednn"), ("AuthenticAMD", "aten", "aten")])
+def test_cpu_fp32_matmul_choice_follows_the_cpu_vendor_unless_forced(monkeypatch, vendor,
+                                                                      choice, backend):
+    """Bug: ``auto`` sending Intel CPUs to oneDNN (150 ms of a ~960 ms step slower than MKL
+    there), keeping AMD CPUs on MKL (~10% slower there), or an unmeasured CPU off ATen; a
+    forced choice ignored; the returned name disagreeing with what the layers then run."""
+    monkeypatch.setattr(lin, "cpu_vendor", lambda: vendor)
+    assert lin.configure_cpu_fp32_matmul(choice) == backend
+    assert lin.onednn_linear_enabled() == (backend == "onednn")
+    w = torch.randn(4, 8, requires_grad=True)
+    on_onednn = "_OneDNNLinearBackward" in _grad_fn_names(lin.linear(torch.randn(2, 8), w))
+    assert on_onednn == (backend == "onednn")
+    with pytest.raises(ValueError, match="cpu_fp32_matmul 'mkl'"):
+        lin.configure_cpu_fp32_matmul("mkl")
+
+
+def test_cpu_vendor_reads_this_machine():
+    """Bug: a parser that never finds the vendor (``auto`` would then be ATen everywhere,
+    silently giving up oneDNN's gain on AMD)."""
+    if not Path("/proc/cpuinfo").exists() or platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("no /proc/cpuinfo on an x86 machine")
+    assert lin.cpu_vendor() in ("GenuineIntel", "AuthenticAMD", "HygonGenuine")
 
 
 def test_linear_module_is_an_nn_linear_with_its_state_dict():

@@ -8,7 +8,9 @@ import json
 import pytest
 import torch
 
+from bloomline.common.errors import UserError
 from bloomline.trainer.loop import Trainer
+from bloomline.trainer.model import linear
 from bloomline.trainer.optim import Lamb
 
 
@@ -73,6 +75,24 @@ def test_auto_precision_picks_bf16_only_where_it_is_fast(corpus, tmp_path, make_
             log=lines.append)
     warned = [line for line in lines if line.startswith("warning: precision.dtype = 'bf16'")]
     assert len(warned) == (0 if fast else 1), lines
+
+
+@pytest.mark.skipif(not linear.onednn_available(), reason="torch without oneDNN's linear op")
+def test_cpu_fp32_matmul_reaches_the_linear_layers(corpus, tmp_path, make_config):
+    """Bug: ``train.cpu_fp32_matmul`` parsed but never applied (the layers keep the import-time
+    default), or an unknown backend accepted instead of an error naming the field."""
+    before = linear.onednn_linear_enabled()
+    try:
+        for choice, enabled in (("onednn", True), ("aten", False)):
+            Trainer(make_config(corpus, tmp_path / choice, train={"cpu_fp32_matmul": choice}),
+                    log=lambda *_: None)
+            assert linear.onednn_linear_enabled() is enabled, choice
+        with pytest.raises(UserError, match=r"train.cpu_fp32_matmul = 'mkl': expected one of "
+                                            r"auto, aten, onednn"):
+            Trainer(make_config(corpus, tmp_path / "bad", train={"cpu_fp32_matmul": "mkl"}),
+                    log=lambda *_: None)
+    finally:
+        linear.set_onednn_linear(before)
 
 
 def test_profile_steps_write_a_chrome_trace(corpus, tmp_path, make_config):

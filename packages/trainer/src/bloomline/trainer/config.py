@@ -13,6 +13,7 @@ from pathlib import Path
 from bloomline.common.config import load_config
 from bloomline.common.errors import UserError
 from bloomline.trainer.model.config import ModelConfig
+from bloomline.trainer.model.linear import CPU_FP32_MATMUL_CHOICES
 
 __all__ = ["Config", "DataConfig", "TrainConfig", "PrecisionConfig", "OptimizerConfig",
            "ScheduleConfig", "CurriculumConfig", "CheckpointConfig", "MonitorConfig",
@@ -77,6 +78,9 @@ class TrainConfig:
     tune_malloc: bool = True
     """Keep large host tensors in glibc's heap instead of fresh mmaps (see trainer/host.py):
     up to 1.2x faster CPU steps. Off: the allocator's defaults."""
+    cpu_fp32_matmul: str = "auto"
+    """Kernels of fp32 linear layers on CPU: aten (MKL), onednn, or auto (oneDNN on AMD CPUs,
+    where it is ~10% faster, else ATen; see trainer/model/linear.py)."""
 
 
 @dataclass
@@ -200,6 +204,7 @@ class Config:
 _CHOICES = {
     "model.attention": ("auto", "sdpa", "flex", "eager"),
     "precision.dtype": ("bf16", "fp16", "fp32", "auto"),
+    "train.cpu_fp32_matmul": CPU_FP32_MATMUL_CHOICES,
     "optimizer.name": ("adamw", "lamb"),
     "schedule.unit": ("samples", "tokens"),
     "schedule.style": ("cosine", "linear", "constant"),

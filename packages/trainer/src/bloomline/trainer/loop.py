@@ -33,6 +33,7 @@ from bloomline.trainer.metrics import (
     thermometer_readings,
 )
 from bloomline.trainer.model import build_model, padded_vocab_size
+from bloomline.trainer.model.linear import configure_cpu_fp32_matmul
 from bloomline.trainer.optim import build_optimizer, learning_rate
 from bloomline.trainer.parallel import (
     build_mesh,
@@ -110,6 +111,7 @@ class Trainer:
             self.log(slow_precision)
         if cfg.train.tune_malloc:
             tune_malloc()
+        configure_cpu_fp32_matmul(cfg.train.cpu_fp32_matmul)
         init_distributed(cfg, self.device)
         self.mesh = build_mesh(self.layout, self.device)
         torch.manual_seed(cfg.train.seed)

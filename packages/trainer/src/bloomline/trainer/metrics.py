@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from torch.distributed.tensor import DTensor, Partial
 
-from bloomline.trainer.model.linear import matmul_2d, onednn_linear_enabled
+from bloomline.trainer.model.linear import onednn_available, onednn_matmul
 
 __all__ = ["MetricsWriter", "measure_peak_flops", "memory_bytes", "thermometer_readings",
            "console_line"]
@@ -25,9 +25,9 @@ _GPU_PEAKS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L40S": 362e12}
 def measure_peak_flops(device: torch.device, dtype: torch.dtype, seconds: float = 0.5) -> float:
     """Achievable matmul FLOP/s on ``device`` in ``dtype``: the known dense peak for a known
     GPU; otherwise a 1024^3 (CPU) / 8192^3 (GPU) matmul timed for about ``seconds``. On CPU
-    in fp32 both ATen's product (MKL) and oneDNN's (what the model's linear layers use, see
-    model/linear.py) are timed, half the time each, and the faster counts: the limit is the
-    best product the machine offers, not the one a baseline happens to call."""
+    in fp32 both ATen's product (MKL) and oneDNN's (the two the model's linear layers choose
+    from, see model/linear.py) are timed, half the time each, and the faster counts: the
+    limit is the best product the machine offers, not the one a baseline happens to call."""
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
         for key, peak in _GPU_PEAKS.items():
@@ -37,8 +37,8 @@ def measure_peak_flops(device: torch.device, dtype: torch.dtype, seconds: float 
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
     products = [torch.matmul]
-    if device.type == "cpu" and dtype == torch.float32 and onednn_linear_enabled():
-        products.append(matmul_2d)
+    if device.type == "cpu" and dtype == torch.float32 and onednn_available():
+        products.append(onednn_matmul)
     return max(_time_product(product, a, b, seconds / len(products)) for product in products)
 
 

@@ -1,13 +1,23 @@
-"""Linear layers whose fp32 CPU products run on oneDNN instead of MKL.
+"""Linear layers whose fp32 CPU products run on oneDNN instead of MKL where that is faster.
 
 ATen sends an fp32 CPU ``mm``/``addmm`` to MKL's sgemm and only bf16/fp16 products to oneDNN
 (torch uses oneDNN for fp32 only when it may round the inputs to bf16 or tf32, which fp32
 training must not do). oneDNN's fp32 matmul computes in fp32 as well (IEEE products in another
-summation order: differences of fp32 roundoff, ~1e-6 relative) and is faster where we
-measured: on 2 cores of an AMD EPYC with AVX-512 at the bench_train shapes (M = 2,048 tokens,
-h = 384), ~10% per product forward and into the input, and a 1024^3 product at ~180 GFLOP/s
-against MKL's ~140; inside the fp32 step that saves 55-75 ms of ~1,200
-(``benchmarks/README.md``).
+summation order: differences of fp32 roundoff, ~1e-6 relative). Which of the two is faster
+depends on the CPU's maker, because MKL is Intel's library and runs its best kernels on
+Intel's CPUs only. Measured at the bench_train shapes (M = 2,048 tokens, h = 384, 2 cores):
+
+- AMD EPYC with AVX-512: oneDNN ~10% faster per product forward and into the input, a 1024^3
+  product at ~180 GFLOP/s against MKL's ~140; inside the fp32 step it saves 55-108 ms of
+  ~1,200 (``benchmarks/README.md``).
+- Intel Xeon (Sapphire Rapids): MKL as fast forward, 5-10% faster into the input and 1.3-2x
+  faster for the weight gradient; oneDNN costs 150 ms of ~960 in the step
+  (``bench_step_parts.py``'s "other linears" row).
+
+So ``auto`` (``TrainConfig.cpu_fp32_matmul``, the default) routes fp32 products to oneDNN on
+AMD CPUs and leaves them on ATen elsewhere (Intel, and any CPU nobody has measured); the
+choice is fixed per machine, not timed at run time, so that a resumed run computes with the
+same kernels bit for bit. ``aten`` and ``onednn`` force one.
 
 torch exposes oneDNN's matmul as ``torch.ops.mkldnn._linear_pointwise(x, w, b)`` = ``x @ w.T +
 b`` (the op inductor emits for CPU linears), without a backward. ``linear`` wraps it in an
@@ -27,10 +37,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["Linear", "linear", "linear_weight_grad", "matmul_2d", "onednn_linear_enabled",
-           "set_onednn_linear"]
+__all__ = ["CPU_FP32_MATMUL_CHOICES", "Linear", "configure_cpu_fp32_matmul", "cpu_vendor",
+           "linear", "linear_weight_grad", "matmul_2d", "onednn_available",
+           "onednn_linear_enabled", "onednn_matmul", "set_onednn_linear"]
 
-def _onednn_available() -> bool:
+CPU_FP32_MATMUL_CHOICES = ("auto", "aten", "onednn")
+
+
+def onednn_available() -> bool:
     """torch built with oneDNN and still exposing its linear op (a private op: a torch that
     renames it falls back to ATen instead of failing)."""
     if not torch.backends.mkldnn.is_available():
@@ -41,13 +55,41 @@ def _onednn_available() -> bool:
         return False
 
 
-_enabled = _onednn_available()
+def cpu_vendor() -> str:
+    """The CPU's vendor string (``GenuineIntel``, ``AuthenticAMD``; empty where unknown)."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def _onednn_by_default() -> bool:
+    """``auto``: oneDNN on AMD CPUs, where it beats MKL (see the module docstring)."""
+    return cpu_vendor() == "AuthenticAMD"
+
+
+_enabled = onednn_available() and _onednn_by_default()
 
 
 def set_onednn_linear(enabled: bool) -> None:
-    """Route fp32 CPU linear products to oneDNN (the default when torch has it) or to ATen."""
+    """Route fp32 CPU linear products to oneDNN (where torch has it) or to ATen."""
     global _enabled
-    _enabled = bool(enabled) and _onednn_available()
+    _enabled = bool(enabled) and onednn_available()
+
+
+def configure_cpu_fp32_matmul(choice: str) -> str:
+    """Apply ``TrainConfig.cpu_fp32_matmul`` (one of ``CPU_FP32_MATMUL_CHOICES``) to this
+    process; returns the backend that runs fp32 CPU linear products, ``aten`` or ``onednn``
+    (``aten`` for an ``onednn`` that this torch lacks)."""
+    if choice not in CPU_FP32_MATMUL_CHOICES:
+        raise ValueError(f"cpu_fp32_matmul {choice!r}: expected one of "
+                         f"{', '.join(CPU_FP32_MATMUL_CHOICES)}")
+    set_onednn_linear(_onednn_by_default() if choice == "auto" else choice == "onednn")
+    return "onednn" if _enabled else "aten"
 
 
 def onednn_linear_enabled() -> bool:
@@ -65,6 +107,12 @@ def _fp32(*tensors: torch.Tensor | None) -> bool:
 def _onednn(a: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None):
     """``a @ weight.T (+ bias)`` on oneDNN; ``a`` [M, K], ``weight`` [N, K], any strides."""
     return torch.ops.mkldnn._linear_pointwise(a, weight, bias, "none", [], "")
+
+
+def onednn_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` (2-D, CPU) on oneDNN whatever this process routes linear layers to: for
+    measuring the machine (``metrics.measure_peak_flops``). Not differentiable."""
+    return _onednn(a, b.t())
 
 
 def matmul_2d(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
