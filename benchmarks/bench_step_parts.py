@@ -30,6 +30,9 @@ batch and ``Trainer``), for whoever chases its 1.2x target.
                    ``cpu_fp32_matmul = "auto"`` did not choose for this CPU (oneDNN on
                    Intel, ATen's MKL sgemm on AMD; ``model/linear.py``): what that choice
                    saves. A no-op in bf16, whose products ATen already runs on oneDNN.
+      autograd core attention's core as autograd over views instead of the hand-written
+                   node of ``model/attention_core.py`` (layout copies; in fp32 also the
+                   subnormal probabilities it floors).
 
 Run: ``make bench-step-parts`` or ``.venv/bin/python benchmarks/bench_step_parts.py [--pairs N]``
 (about 10 minutes for both precisions on 2 idle cores at the default 30 pairs).
@@ -145,6 +148,7 @@ ALTERNATIVES = {
     "aten gelu": lambda: patched(gpt, "bloom_gelu", gelu.gelu_reference),
     "fp32 scores": lambda: patched(attention, "softmax_dtype", _upcast_softmax_dtype),
     "other linears": _other_linears,
+    "autograd core": lambda: patched(attention, "uses_core", lambda *_: False),
 }
 
 PARTS = {

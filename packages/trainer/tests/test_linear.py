@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from trainer_fixtures import grad_fn_names
 
 from bloomline.trainer.model import linear as lin
 
@@ -27,14 +28,6 @@ def onednn_route():
     lin.set_onednn_linear(before)
 
 
-def _grad_fn_names(t: torch.Tensor) -> set[str]:
-    names, todo = set(), [t.grad_fn]
-    while todo:
-        fn = todo.pop()
-        if fn is not None and type(fn).__name__ not in names:
-            names.add(type(fn).__name__)
-            todo.extend(next_fn for next_fn, _ in fn.next_functions)
-    return names
 
 
 @pytest.mark.parametrize("features", [(24, 40), (40, 24)], ids=["widening", "narrowing"])
@@ -52,7 +45,7 @@ def test_onednn_linear_matches_aten_forward_and_backward(features, with_bias):
     leaves = [x, w] + ([b] if with_bias else [])
 
     y = lin.linear(x, w, b)
-    assert "_OneDNNLinearBackward" in _grad_fn_names(y)
+    assert "_OneDNNLinearBackward" in grad_fn_names(y)
     grad = torch.randn_like(y)
     ours = torch.autograd.grad(y, leaves, grad)
     ref_y = F.linear(x, w, b)
@@ -104,7 +97,7 @@ def test_aten_runs_where_onednn_must_not():
     assert not lin.onednn_linear_enabled()
     w.requires_grad_(True)
     y = lin.linear(x, w, b)
-    assert "_OneDNNLinearBackward" not in _grad_fn_names(y)
+    assert "_OneDNNLinearBackward" not in grad_fn_names(y)
     assert torch.equal(y, F.linear(x, w, b))
 
 
@@ -120,7 +113,7 @@ def test_cpu_fp32_matmul_choice_follows_the_cpu_vendor_unless_forced(monkeypatch
     assert lin.configure_cpu_fp32_matmul(choice) == backend
     assert lin.onednn_linear_enabled() == (backend == "onednn")
     w = torch.randn(4, 8, requires_grad=True)
-    on_onednn = "_OneDNNLinearBackward" in _grad_fn_names(lin.linear(torch.randn(2, 8), w))
+    on_onednn = "_OneDNNLinearBackward" in grad_fn_names(lin.linear(torch.randn(2, 8), w))
     assert on_onednn == (backend == "onednn")
     with pytest.raises(ValueError, match="cpu_fp32_matmul 'mkl'"):
         lin.configure_cpu_fp32_matmul("mkl")

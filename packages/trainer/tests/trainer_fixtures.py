@@ -5,6 +5,7 @@ the repository root's conftest is imported by name from the dataprep tests."""
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from bloomline.dataprep.indexed_dataset import IndexedDatasetWriter
 from bloomline.trainer.config import Config
@@ -53,3 +54,14 @@ def tiny_config(corpus: str, run_dir, **sections) -> Config:
         for key, value in values.items():
             setattr(getattr(cfg, section), key, value)
     return cfg
+
+
+def grad_fn_names(t: torch.Tensor) -> set[str]:
+    """Type names of every autograd node ``t`` was computed through (which kernels ran)."""
+    seen, todo = set(), [t.grad_fn]
+    while todo:
+        fn = todo.pop()
+        if fn is not None and fn not in seen:
+            seen.add(fn)
+            todo.extend(next_fn for next_fn, _ in fn.next_functions)
+    return {type(fn).__name__ for fn in seen}

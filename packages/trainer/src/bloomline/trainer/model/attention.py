@@ -17,7 +17,9 @@ Kernels (``ModelConfig.attention``; ``auto`` picks eager on CPU and flex on CUDA
   power-of-two slopes up to L = 256; elsewhere off by at most 2^-9 of its value, which is
   largest where the softmax weight exp(bias) is smallest). In the bench_train step this saves
   ~30 ms of ~700 in bf16 against the fp32 round trip. Other devices upcast the scores.
-They agree within bf16/fp32 tolerance (tests/test_attention.py).
+  On CPU without dropout the core is one hand-written autograd node
+  (``attention_core.py``: fewer layout copies, no subnormal fp32 probabilities).
+They agree within bf16/fp32 tolerance (tests/test_alibi_attention.py).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bloomline.trainer.model.alibi import alibi_slopes, cached_alibi_bias
+from bloomline.trainer.model.attention_core import alibi_attention_core, uses_core
 from bloomline.trainer.model.config import ModelConfig
 from bloomline.trainer.model.layers import compute_dtype
 from bloomline.trainer.model.linear import Linear
@@ -118,11 +121,14 @@ class Attention(nn.Module):
         kernel = resolve_kernel(self.kernel, x.device)
         if bias is None and kernel != "flex":
             bias = self.bias_for(seq_length, x.device)
-        qkv = self.query_key_value(x).view(batch, seq_length, self.num_heads, 3, self.head_dim)
-        q, k, v = (t.transpose(1, 2) for t in qkv.unbind(dim=3))  # [b, heads, L, head_dim]
+        qkv = self.query_key_value(x)  # [b, L, heads * 3 * head_dim]
+        heads = qkv.view(batch, seq_length, self.num_heads, 3, self.head_dim)
+        q, k, v = (t.transpose(1, 2) for t in heads.unbind(dim=3))  # [b, heads, L, head_dim]
         if self.track_max_logit:
             self.max_logit = self._max_logit(q, k)
         dropout = self.dropout if self.training else 0.0
+        if kernel == "eager" and uses_core(qkv, bias, dropout):
+            return self.dense(alibi_attention_core(qkv, bias, self.num_heads))
         if kernel == "sdpa":
             # a 4-D mask keeps the fused CPU kernel (a 3-D one falls back to the generic path,
             # which upcasts bf16 to fp32: 1.8x slower, bench_train --diagnose)
