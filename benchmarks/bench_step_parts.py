@@ -17,7 +17,8 @@ batch and ``Trainer``), for whoever chases its 1.2x target.
     isolated micro-benchmarks of the same parts misled (a block-causal attention kernel 25%
     faster alone was 0.6% faster in the step). The parts:
       gelu       the MLP's tanh-GELU (replaced by the identity);
-      softmax    attention's bias add and softmax (the scores pass through);
+      softmax    attention's bias add and softmax, forward and backward, in the core of
+                 ``model/attention_core.py`` (the scores pass through);
       layernorm  every LayerNorm (replaced by a cast to the compute dtype);
       head loop  the fused head's fp32 log-sum-exp, loss and gradient loop (``model/loss.py``:
                  only its three matmuls remain).
@@ -26,6 +27,7 @@ batch and ``Trainer``), for whoever chases its 1.2x target.
       aten gelu    ATen's tanh-form GELU instead of ``model/gelu.py``'s compiled sigmoid form;
       fp32 scores  attention scores upcast to fp32 before the bias and softmax (and the
                    probabilities cast back) instead of staying bf16 on CPU (a no-op in fp32);
+                   an fp32 bias also sends attention down the autograd path (next rows);
       other linears the linear layers' and the head's fp32 products on the backend
                    ``cpu_fp32_matmul = "auto"`` did not choose for this CPU (oneDNN on
                    Intel, ATen's MKL sgemm on AMD; ``model/linear.py``): what that choice
@@ -57,7 +59,14 @@ import bench_train as bt  # noqa: E402  (the same model, batch and Trainer confi
 
 from bloomline.trainer.loop import Trainer  # noqa: E402
 from bloomline.trainer.metrics import measure_peak_flops  # noqa: E402
-from bloomline.trainer.model import attention, gelu, gpt, layers, loss  # noqa: E402
+from bloomline.trainer.model import (  # noqa: E402
+    attention,
+    attention_core,
+    gelu,
+    gpt,
+    layers,
+    loss,
+)
 from bloomline.trainer.model import linear as linear_layers  # noqa: E402
 from bloomline.trainer.precision import fast_low_precision  # noqa: E402
 
@@ -114,9 +123,12 @@ def _mlp_without_gelu(self, x):
     return self.dense_4h_to_h(self.dense_h_to_4h(x))
 
 
-def _attention_without_softmax(self, q, k, v, bias, dropout):
-    scores = torch.matmul(q * (1.0 / math.sqrt(self.head_dim)), k.transpose(-1, -2))
-    return torch.matmul(scores.to(v.dtype), v)
+@contextmanager
+def _attention_without_softmax():
+    """The core's bias add and softmax forward and backward skipped: scores pass through."""
+    with patched(attention_core, "attention_probabilities", lambda scores, bias: scores), \
+            patched(attention_core, "attention_probabilities_backward", lambda grad, _: grad):
+        yield
 
 
 def _layernorm_as_cast(self, x):
@@ -153,7 +165,7 @@ ALTERNATIVES = {
 
 PARTS = {
     "gelu": lambda: patched(gpt.MLP, "forward", _mlp_without_gelu),
-    "softmax": lambda: patched(attention.Attention, "_eager", _attention_without_softmax),
+    "softmax": _attention_without_softmax,
     "layernorm": lambda: patched(layers.LayerNorm, "forward", _layernorm_as_cast),
     "head loop": lambda: patched(loss.LinearCrossEntropy, "forward",
                                  staticmethod(_head_matmuls_only)),

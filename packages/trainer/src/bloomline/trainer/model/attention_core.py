@@ -30,7 +30,8 @@ import math
 
 import torch
 
-__all__ = ["alibi_attention_core", "attention_probabilities", "uses_core"]
+__all__ = ["alibi_attention_core", "attention_probabilities", "attention_probabilities_backward",
+           "uses_core"]
 
 _PROBABILITY_FLOOR = 1e-30
 
@@ -52,6 +53,14 @@ def attention_probabilities(scores: torch.Tensor, bias: torch.Tensor) -> torch.T
     if probs.dtype == torch.float32:
         torch.nn.functional.threshold_(probs, _PROBABILITY_FLOOR, 0.0)
     return probs
+
+
+def attention_probabilities_backward(grad_probs: torch.Tensor,
+                                     probs: torch.Tensor) -> torch.Tensor:
+    """The gradient of the scores from that of ``attention_probabilities``' output: ATen's
+    softmax backward, ``probs * (grad_probs - sum(grad_probs * probs))`` per row (exact for
+    the floored probabilities too: a floored entry is a constant zero, its gradient zero)."""
+    return torch._softmax_backward_data(grad_probs, probs, -1, probs.dtype)
 
 
 class _AlibiAttentionCore(torch.autograd.Function):
@@ -86,7 +95,7 @@ class _AlibiAttentionCore(torch.autograd.Function):
         grads = torch.empty_like(parts)  # (3, b * heads, L, d): dq, dk, dv
         torch.bmm(probs.transpose(1, 2), grad, out=grads[2])
         grad_probs = torch.bmm(grad, v.transpose(1, 2))  # (b * heads, L, L)
-        grad_scores = torch._softmax_backward_data(grad_probs, probs, -1, probs.dtype)
+        grad_scores = attention_probabilities_backward(grad_probs, probs)
         del grad_probs
         torch.bmm(grad_scores, k, out=grads[0]).mul_(ctx.scale)
         torch.bmm(grad_scores.transpose(1, 2), q, out=grads[1]).mul_(ctx.scale)
