@@ -11,6 +11,7 @@ import torch
 from bloomline.common.errors import UserError
 from bloomline.trainer.checkpoint import latest_checkpoint
 from bloomline.trainer.loop import Trainer
+from bloomline.trainer.model import linear
 
 
 def _records(run_dir, kind="train"):
@@ -22,13 +23,28 @@ def _run(cfg):
     return Trainer(cfg, log=lambda line: None).run()
 
 
-def test_resume_is_bitwise_identical_to_an_uninterrupted_run(corpus, tmp_path, make_config):
+@pytest.mark.parametrize("matmul", ["aten", "onednn"])
+def test_resume_is_bitwise_identical_to_an_uninterrupted_run(corpus, tmp_path, make_config,
+                                                             matmul):
     """Catches: any state a resume loses or re-draws (optimizer moments and step, LR position,
     the sampler's place, RNG states, the loss scaler): 20 steps straight and 10 + resume + 10
-    must give bitwise-equal losses in fp32 on CPU."""
-    straight = make_config(corpus, tmp_path / "a", train={"log_interval": 1})
+    must give bitwise-equal losses in fp32 on CPU, on either fp32 matmul backend (the one
+    ``auto`` does not pick on this CPU runs too)."""
+    if matmul == "onednn" and not linear.onednn_available():
+        pytest.skip("torch without oneDNN's linear op")
+    before = linear.onednn_linear_enabled()
+    try:
+        _straight_and_resumed(corpus, tmp_path, make_config, matmul)
+    finally:
+        linear.set_onednn_linear(before)
+
+
+def _straight_and_resumed(corpus, tmp_path, make_config, matmul: str) -> None:
+    straight = make_config(corpus, tmp_path / "a",
+                           train={"log_interval": 1, "cpu_fp32_matmul": matmul})
     _run(straight)
-    split = make_config(corpus, tmp_path / "b", train={"log_interval": 1, "exit_interval": 10})
+    split = make_config(corpus, tmp_path / "b", train={"log_interval": 1, "exit_interval": 10,
+                                                       "cpu_fp32_matmul": matmul})
     state = _run(split)
     assert state["step"] == 10 and latest_checkpoint(tmp_path / "b").name == "step_00000010"
     split.train.exit_interval = 0
