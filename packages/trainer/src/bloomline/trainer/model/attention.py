@@ -117,31 +117,45 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """``x`` [b, L, hidden] -> [b, L, hidden]; ``bias`` from ``bias_for`` (computed here
         when not given)."""
-        batch, seq_length, _ = x.shape
+        seq_length = x.shape[1]
         kernel = resolve_kernel(self.kernel, x.device)
         if bias is None and kernel != "flex":
             bias = self.bias_for(seq_length, x.device)
         qkv = self.query_key_value(x)  # [b, L, heads * 3 * head_dim]
-        heads = qkv.view(batch, seq_length, self.num_heads, 3, self.head_dim)
-        q, k, v = (t.transpose(1, 2) for t in heads.unbind(dim=3))  # [b, heads, L, head_dim]
         if self.track_max_logit:
+            q, k, _ = self._split_heads(qkv)
             self.max_logit = self._max_logit(q, k)
         dropout = self.dropout if self.training else 0.0
-        if kernel == "eager" and uses_core(qkv, bias, dropout):
-            return self.dense(alibi_attention_core(qkv, bias, self.num_heads))
+        if kernel == "eager":
+            return self.dense(self._eager(qkv, bias, dropout))
+        q, k, v = self._split_heads(qkv)
         if kernel == "sdpa":
             # a 4-D mask keeps the fused CPU kernel (a 3-D one falls back to the generic path,
             # which upcasts bf16 to fp32: 1.8x slower, bench_train --diagnose)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias[None].to(q.dtype),
                                                  dropout_p=dropout)
-        elif kernel == "flex":
-            out = self._flex(q, k, v)
         else:
-            out = self._eager(q, k, v, bias, dropout)
-        out = out.transpose(1, 2).reshape(batch, seq_length, self.num_heads * self.head_dim)
-        return self.dense(out)
+            out = self._flex(q, k, v)
+        return self.dense(self._merge_heads(out))
 
-    def _eager(self, q, k, v, bias, dropout: float) -> torch.Tensor:
+    def _split_heads(self, qkv: torch.Tensor):
+        """[b, L, heads * 3 * head_dim] -> q, k, v views [b, heads, L, head_dim]."""
+        batch, seq_length, _ = qkv.shape
+        heads = qkv.view(batch, seq_length, self.num_heads, 3, self.head_dim)
+        return tuple(t.transpose(1, 2) for t in heads.unbind(dim=3))
+
+    def _merge_heads(self, out: torch.Tensor) -> torch.Tensor:
+        """[b, heads, L, head_dim] -> [b, L, heads * head_dim]."""
+        batch, _, seq_length, _ = out.shape
+        return out.transpose(1, 2).reshape(batch, seq_length, self.num_heads * self.head_dim)
+
+    def _eager(self, qkv: torch.Tensor, bias: torch.Tensor, dropout: float) -> torch.Tensor:
+        """The eager kernel, [b, L, heads * 3 * head_dim] -> [b, L, heads * head_dim]: the unit
+        that selective activation checkpointing recomputes. On CPU without dropout the
+        hand-written node of attention_core.py; otherwise autograd over the ops below."""
+        if uses_core(qkv, bias, dropout):
+            return alibi_attention_core(qkv, bias, self.num_heads)
+        q, k, v = self._split_heads(qkv)
         # the scale goes on q (L x d) rather than on the scores (L x L)
         scores = torch.matmul(q * (1.0 / math.sqrt(self.head_dim)), k.transpose(-1, -2))
         dtype = softmax_dtype(scores.dtype, scores.device, self.softmax_fp32)
@@ -151,7 +165,7 @@ class Attention(nn.Module):
         scores.add_(bias.to(dtype))  # no-op cast: bias_for made it in this dtype
         probs = torch.softmax(scores, dim=-1).to(v.dtype)
         probs = F.dropout(probs, dropout, self.training)
-        return torch.matmul(probs, v)
+        return self._merge_heads(torch.matmul(probs, v))
 
     def _flex(self, q, k, v) -> torch.Tensor:
         if self.dropout and self.training:
