@@ -21,6 +21,7 @@ from torch.distributed.tensor.parallel import loss_parallel
 from bloomline.common.config import to_toml
 from bloomline.common.errors import UserError
 from bloomline.trainer import checkpoint as ckpt
+from bloomline.trainer import faults
 from bloomline.trainer.config import Config, validate
 from bloomline.trainer.curriculum import global_batch_size, sequence_length
 from bloomline.trainer.data import MegatronSampler, check_vocabulary, make_loader, open_splits
@@ -323,6 +324,7 @@ class Trainer:
                 lr = learning_rate(progress, total, cfg.optimizer, cfg.schedule)
                 thermo = bool(cfg.monitor.thermometer_interval
                               and step % cfg.monitor.thermometer_interval == 0)
+                faults.fire("step", step=step)
                 result = self.train_step(micro, lr, thermometers=thermo)
                 state["step"] = step
                 state["consumed_samples"] += size

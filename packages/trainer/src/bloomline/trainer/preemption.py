@@ -1,0 +1,91 @@
+"""Save on preemption: SIGTERM or SIGUSR1 (SLURM's ``--signal=USR1@120``) to any rank asks the
+run to finish its current step, write a checkpoint and exit with ``PREEMPTED_EXIT_CODE``, the
+code the SLURM example requeues on. ``train.max_wallclock`` asks the same before a time limit.
+
+A signal reaches one process (or some): the handler only sets a flag, and the ranks agree once
+per step (one small all-reduce, ``StopRequests.agree``) so that all of them stop after the same
+step and write the same checkpoint.
+
+Exit protocol with the launcher (``trainer pretrain --nproc``): torchrun's agent restarts
+workers that exit non-zero (``--max-restarts``), which a preempted run must not do. So a worker
+started by our launcher exits 0 after touching the file named by ``BLOOMLINE_PREEMPT_FILE``,
+and the launcher, seeing the file, exits ``PREEMPTED_EXIT_CODE`` itself. A process started any
+other way (alone, or by a bare torchrun) exits ``PREEMPTED_EXIT_CODE`` directly.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+import torch
+
+__all__ = ["PREEMPTED_EXIT_CODE", "PREEMPT_FILE_VARIABLE", "StopRequests", "exit_preempted"]
+
+# EX_TEMPFAIL (sysexits.h): "a temporary failure; the user is invited to retry"
+PREEMPTED_EXIT_CODE = 75
+PREEMPT_FILE_VARIABLE = "BLOOMLINE_PREEMPT_FILE"
+_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+class StopRequests:
+    """Why the run should stop after this step: a signal, or the wall-clock budget."""
+
+    def __init__(self, max_wallclock: float = 0.0) -> None:
+        self.max_wallclock = max_wallclock
+        self.started = time.monotonic()
+        self.signal: int | None = None
+        self._previous: dict[int, object] = {}
+
+    def install(self) -> None:
+        """Catch SIGTERM and SIGUSR1 (main thread only, as Python requires)."""
+        for sig in _SIGNALS:
+            self._previous[sig] = signal.signal(sig, self._on_signal)
+
+    def uninstall(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    def _on_signal(self, signum, frame) -> None:  # noqa: ARG002 - signal handler signature
+        # only a flag: the step in progress finishes, then every rank saves together
+        self.signal = signum
+
+    def local_reason(self, reserve_seconds: float) -> str:
+        """This process's reason to stop now ('' for none). ``reserve_seconds``: what the next
+        step and the checkpoint after it are expected to take."""
+        if self.signal is not None:
+            return f"received {signal.Signals(self.signal).name}"
+        if self.max_wallclock > 0:
+            elapsed = time.monotonic() - self.started
+            if elapsed + reserve_seconds >= self.max_wallclock:
+                return (f"train.max_wallclock {self.max_wallclock:g} s: {elapsed:.0f} s elapsed, "
+                        f"the next step and a checkpoint need ~{reserve_seconds:.0f} s")
+        return ""
+
+    def agree(self, flags: list[float], group=None) -> list[float]:
+        """The element-wise max of ``flags`` over all ranks (one all-reduce): any rank's stop
+        request (or spike finding) becomes everyone's."""
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+            return flags
+        backend = dist.get_backend(group)
+        device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" \
+            else torch.device("cpu")
+        values = torch.tensor(flags, dtype=torch.float64, device=device)
+        dist.all_reduce(values, op=dist.ReduceOp.MAX, group=group)
+        return values.tolist()
+
+
+def exit_preempted() -> None:
+    """End the process after the preemption checkpoint (see the module docstring)."""
+    marker = os.environ.get(PREEMPT_FILE_VARIABLE)
+    sys.stdout.flush()
+    if marker:
+        with open(marker, "a"):
+            pass
+        raise SystemExit(0)
+    raise SystemExit(PREEMPTED_EXIT_CODE)
