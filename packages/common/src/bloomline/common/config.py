@@ -16,6 +16,7 @@ import difflib
 import functools
 import inspect
 import json
+import keyword
 import textwrap
 import tomllib
 import types
@@ -31,7 +32,18 @@ C = TypeVar("C")
 
 
 def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
+    """``{config key: type}``. A field named after a Python keyword plus ``_`` (``async_``)
+    is the key without the underscore (``checkpoint.async``): the key the user writes."""
+    return {_key(name): hint for name, hint in typing.get_type_hints(cls).items()}
+
+
+def _key(field_name: str) -> str:
+    bare = field_name.removesuffix("_")
+    return bare if bare != field_name and keyword.iskeyword(bare) else field_name
+
+
+def _attribute(key: str) -> str:
+    return f"{key}_" if keyword.iskeyword(key) else key
 
 
 def _all_keys(cls: type, prefix: str = "") -> list[str]:
@@ -109,7 +121,7 @@ def _merge(instance: Any, table: dict, root: type, where: str, prefix: str = "")
                                 f"{key}.FIELD=VALUE")
             _merge(getattr(instance, name), value, root, where, f"{key}.")
         else:
-            setattr(instance, name, _coerce(value, hint, key, where))
+            setattr(instance, _attribute(name), _coerce(value, hint, key, where))
 
 
 def _parse_override(text: str) -> tuple[list[str], Any]:
@@ -202,7 +214,7 @@ def to_toml(config: Any) -> str:
             if dataclasses.is_dataclass(value):
                 tables.append((field.name, value))
             elif value is not None:
-                scalars.append(f"{field.name} = {_toml_value(value)}")
+                scalars.append(f"{_key(field.name)} = {_toml_value(value)}")
         if scalars:
             if name:
                 lines.append(f"\n[{name}]")
@@ -231,5 +243,5 @@ def field_docs(cls: type) -> dict[str, str]:
                     and isinstance(following, ast.Expr)
                     and isinstance(following.value, ast.Constant)
                     and isinstance(following.value.value, str)):
-                docs[node.target.id] = " ".join(following.value.value.split())
+                docs[_key(node.target.id)] = " ".join(following.value.value.split())
     return docs

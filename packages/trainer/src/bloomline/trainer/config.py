@@ -17,7 +17,7 @@ from bloomline.trainer.model.linear import CPU_FP32_MATMUL_CHOICES
 
 __all__ = ["Config", "DataConfig", "TrainConfig", "PrecisionConfig", "OptimizerConfig",
            "ScheduleConfig", "CurriculumConfig", "CheckpointConfig", "MonitorConfig",
-           "ParallelConfig",
+           "SpikeConfig", "WatchdogConfig", "ParallelConfig",
            "load_trainer_config"]
 
 
@@ -66,7 +66,15 @@ class TrainConfig:
     """Stop (after a checkpoint) once this process has run this many steps; 0: run to the end
     (Megatron's --exit-interval, for job time limits)."""
     max_bad_steps: int = 5
-    """Stop after this many consecutive steps with a NaN/inf loss or gradient (each skipped)."""
+    """Stop after this many consecutive steps with a NaN/inf loss or gradient (each skipped)
+    that no rollback could undo (no checkpoint to go back to, or spike.enabled false)."""
+    skip_samples: list[list[int]] = field(default_factory=list)
+    """Train samples never to train on, as [[start, end], ...] ranges (end excluded) of
+    positions in the train split's order (the consumed_samples counter): BLOOM's hand-skipped
+    batches. The run's rollbacks add theirs to this list (kept in the checkpoints)."""
+    max_wallclock: float = 0.0
+    """Seconds this process may run: before they are up (keeping room for a step and a
+    checkpoint), save and exit with code 75 for the scheduler to requeue. 0: no limit."""
     run_dir: str = "runs/default"
     """Folder of the run: checkpoints/, metrics.jsonl, tensorboard/, config.toml."""
     compile: bool = False
@@ -146,7 +154,49 @@ class CheckpointConfig:
     keep_last: int = 3
     """Complete checkpoints kept; older ones are deleted."""
     resume: str = "auto"
-    """auto (newest complete checkpoint of the run, if any), none, or a checkpoint folder."""
+    """auto (newest checkpoint of the run whose manifest verifies, if any), none, or a
+    checkpoint folder."""
+    async_: bool = False
+    """Write checkpoints in the background (DCP async save): training goes on after the state
+    is copied to host memory; the checkpoint counts once its manifest is written."""
+
+
+@dataclass
+class SpikeConfig:
+    enabled: bool = True
+    """Detect loss spikes and non-finite losses; roll back to the newest good checkpoint
+    before the spike and skip the batches around it."""
+    window: int = 100
+    """Steps in the running baseline (median and MAD of the loss and gradient norm)."""
+    min_history: int = 20
+    """Steps needed in the baseline before a finite value can count as a spike."""
+    zscore: float = 6.0
+    """A spike lies this many robust deviations (1.4826 x MAD) above the median..."""
+    loss_rise: float = 0.2
+    """...and, for the loss, at least this fraction above the median (both must hold)."""
+    grad_norm_factor: float = 10.0
+    """...and, for the gradient norm, at least this many times the median (0: ignore the
+    gradient norm; clipping absorbs most of its spikes)."""
+    skip_before: int = 100
+    """Batches before the spike step to skip after the rollback (not before the checkpoint
+    rolled back to: those are in its weights already)."""
+    skip_after: int = 100
+    """Batches after the spike step to skip as well (PaLM skipped 200-500 around a spike)."""
+    max_rollbacks: int = 5
+    """Stop, with the reason, instead of rolling back more than this many times in a run."""
+
+
+@dataclass
+class WatchdogConfig:
+    enabled: bool = True
+    """Dump every thread's Python stack to RUN/watchdog/rank_R.txt and exit 1 when a step,
+    an evaluation or a checkpoint hangs (a stuck collective, a dead file system)."""
+    factor: float = 20.0
+    """A step hangs when it takes more than this many times the median step time..."""
+    floor_seconds: float = 600.0
+    """...and more than this many seconds."""
+    startup_seconds: float = 1800.0
+    """Limit for the first steps (compilation, warm-up), evaluations and checkpoints."""
 
 
 @dataclass
@@ -198,6 +248,8 @@ class Config:
     curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
+    spike: SpikeConfig = field(default_factory=SpikeConfig)
+    watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
 
@@ -259,6 +311,22 @@ def validate(cfg: Config, data_parallel: int = 1) -> None:
         except (ValueError, AssertionError):
             raise UserError(f"train.profile_steps {t.profile_steps!r}: expected A:B with "
                             "0 <= A < B") from None
+    for index, bounds in enumerate(t.skip_samples):
+        if len(bounds) != 2 or not 0 <= bounds[0] < bounds[1]:
+            raise UserError(f"train.skip_samples[{index}] = {bounds}: expected [start, end] "
+                            "with 0 <= start < end")
+    sp = cfg.spike
+    for key, value in (("spike.window", sp.window), ("spike.min_history", sp.min_history)):
+        if value < 1:
+            raise UserError(f"{key} = {value}: must be at least 1")
+    if sp.min_history > sp.window:
+        raise UserError(f"spike.min_history {sp.min_history} exceeds spike.window {sp.window}")
+    for key, value in (("spike.skip_before", sp.skip_before),
+                       ("spike.skip_after", sp.skip_after),
+                       ("spike.max_rollbacks", sp.max_rollbacks),
+                       ("train.max_wallclock", t.max_wallclock)):
+        if value < 0:
+            raise UserError(f"{key} = {value}: must not be negative")
     if not 0.0 <= m.hidden_dropout < 1.0 or not 0.0 <= m.attention_dropout < 1.0:
         raise UserError("model.hidden_dropout / model.attention_dropout: must be in [0, 1)")
 

@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from bloomline.common.errors import UserError
 from bloomline.dataprep import IndexRequest, build_sample_datasets
+from bloomline.trainer.sample_skips import SkipRanges
 
 __all__ = ["MegatronSampler", "TokenSamples", "make_loader", "open_splits", "check_vocabulary"]
 
@@ -45,11 +46,12 @@ class MegatronSampler(Sampler[list[int]]):
 
     Megatron's ``MegatronPretrainingSampler``: ids are taken in order in blocks of
     ``micro_batch_size * dp_size``; rank r gets ``block[r * mbs : (r + 1) * mbs]``. An
-    incomplete last block is dropped.
+    incomplete last block is dropped. Positions in ``skip`` (``SkipRanges``) are never taken:
+    the blocks are made of the ids around them, in the same order.
     """
 
     def __init__(self, total_samples: int, consumed_samples: int, micro_batch_size: int,
-                 dp_rank: int = 0, dp_size: int = 1) -> None:
+                 dp_rank: int = 0, dp_size: int = 1, skip: SkipRanges | None = None) -> None:
         if consumed_samples >= total_samples:
             raise UserError(f"consumed samples {consumed_samples} >= the {total_samples} "
                             "samples of the train split: the run is complete")
@@ -58,16 +60,28 @@ class MegatronSampler(Sampler[list[int]]):
         self.micro_batch_size = micro_batch_size
         self.dp_rank = dp_rank
         self.dp_size = dp_size
+        self.skip = skip or SkipRanges()
 
     def __len__(self) -> int:
+        if self.skip:
+            return sum(1 for _ in self)
         return (self.total - self.consumed) // (self.micro_batch_size * self.dp_size)
 
     def __iter__(self) -> Iterator[list[int]]:
         block = self.micro_batch_size * self.dp_size
-        start = self.consumed + self.dp_rank * self.micro_batch_size
-        for first in range(start, self.total - block + 1 + self.dp_rank * self.micro_batch_size,
-                           block):
-            yield list(range(first, first + self.micro_batch_size))
+        mine = slice(self.dp_rank * self.micro_batch_size,
+                     (self.dp_rank + 1) * self.micro_batch_size)
+        if not self.skip:  # the common case, without walking every position
+            start = self.consumed + mine.start
+            for first in range(start, self.total - block + 1 + mine.start, block):
+                yield list(range(first, first + self.micro_batch_size))
+            return
+        ids: list[int] = []
+        for position in self.skip.positions(self.consumed, self.total):
+            ids.append(position)
+            if len(ids) == block:
+                yield ids[mine]
+                ids = []
 
 
 def open_splits(corpus: str, seq_length: int, train_samples: int, valid_samples: int | None,

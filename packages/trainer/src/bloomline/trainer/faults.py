@@ -14,8 +14,9 @@ Each fault is ``ACTION@POINT`` followed by ``:KEY=VALUE`` conditions, all of whi
 - actions: ``kill`` (SIGKILL to this process: no handler, no cleanup, like a node failure),
   ``term`` / ``usr1`` (SIGTERM / SIGUSR1 to this process: what SLURM sends), ``hang`` (sleep
   forever: a stuck collective or a dead NFS mount), ``exit`` (``os._exit(99)``), and ``spike``
-  (the micro-batch holding train sample ``sample`` gets every token replaced by the last id of
-  the vocabulary, which the data never contains: its loss jumps, like a garbage batch);
+  (the micro-batch holding train sample ``sample`` is replaced by the vocabulary's last two ids
+  in turn, which the data never contains: the model has learned to rule them out, and with tied
+  embeddings it favours repeating the input token, so the loss jumps, like a garbage batch);
 - conditions: ``rank`` (the global RANK), ``attempt`` (torchrun's restart count, 0 on the first
   start), and any keyword the point passes (``step``, ``sample``).
 
@@ -89,9 +90,15 @@ def spike_samples() -> set[int]:
 
 def corrupt_spiked(micro_batches: list, sample_ids: list[list[int]], vocab_size: int) -> list:
     """The micro-batches with those holding a spiked sample replaced by the vocabulary's
-    last id throughout (tensors of [mbs, L + 1])."""
+    last two ids in turn (tensors of [mbs, L + 1])."""
     spiked = spike_samples()
     if not spiked:
         return micro_batches
-    return [batch.clone().fill_(vocab_size - 1) if spiked.intersection(ids) else batch
+    return [_garbage(batch, vocab_size) if spiked.intersection(ids) else batch
             for batch, ids in zip(micro_batches, sample_ids, strict=True)]
+
+
+def _garbage(batch, vocab_size: int):
+    garbage = batch.clone().fill_(vocab_size - 1)
+    garbage[:, 1::2] = vocab_size - 2
+    return garbage

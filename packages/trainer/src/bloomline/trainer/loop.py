@@ -46,6 +46,11 @@ from bloomline.trainer.parallel import (
 )
 from bloomline.trainer.parallel.memory import memory_record
 from bloomline.trainer.precision import Precision, resolve_dtype
+from bloomline.trainer.preemption import PREEMPTED_EXIT_CODE
+from bloomline.trainer.rollback import ROLLBACKS_FILE, append_rollback, read_rollbacks, skip_range
+from bloomline.trainer.run_guard import RunGuard
+from bloomline.trainer.sample_skips import SkipRanges
+from bloomline.trainer.spikes import SpikeFinding
 
 __all__ = ["Trainer", "clip_grad_norm", "lm_loss", "resolve_device"]
 
@@ -141,6 +146,9 @@ class Trainer:
         self.state = {"step": 0, "consumed_samples": 0, "consumed_tokens": 0,
                       "skipped_steps": 0, "bad_in_row": 0, "loss_scale": {}}
         self._peak_flops: float | None = None
+        self.guard = RunGuard(cfg, self.run_dir, rank)
+        self.skips = SkipRanges(cfg.train.skip_samples)
+        self._async_saver = None
 
     # -- one optimizer step ---------------------------------------------------------------
     def train_step(self, micro_batches: list[torch.Tensor], lr: float,
@@ -237,12 +245,15 @@ class Trainer:
 
     # -- the run ----------------------------------------------------------------------------
     def total_steps(self) -> int:
+        """Steps of the whole run: global batches until the train samples run out (skipped
+        samples count as consumed)."""
         consumed, steps = 0, 0
         while True:
             size = global_batch_size(self.cfg, consumed, self.layout.dp)
-            if consumed + size > self.cfg.train.train_samples:
+            following = self.skips.advance(consumed, size)
+            if following > self.cfg.train.train_samples:
                 return steps
-            consumed += size
+            consumed = following
             steps += 1
 
     def _progress(self) -> tuple[int, int]:
@@ -255,24 +266,67 @@ class Trainer:
         setting = self.cfg.checkpoint.resume
         if setting == "none":
             return None
-        path = ckpt.latest_checkpoint(self.run_dir) if setting == "auto" else Path(setting)
+        if setting == "auto":
+            path = ckpt.latest_checkpoint(self.run_dir, log=self.log)
+        else:
+            path = Path(setting)
         if path is None:
             return None
         if not path.is_dir():
             raise UserError(f"checkpoint.resume {setting}: no such checkpoint folder")
+        self.load(path)
+        return path
+
+    def load(self, path: Path) -> None:
+        """Model, optimizer, RNG and trainer state from the checkpoint ``path``."""
         saved = ckpt.load_config_of(path, Config)
         ckpt.check_compatible(saved, self.cfg, path)
         self.state = ckpt.load_checkpoint(path, self.model, self.optimizer)
         self.precision.load_state_dict(self.state.get("loss_scale", {}))
-        return path
+        self.guard.detector.load_state_dict(self.state.get("spike_history", {}))
+        self._merge_skips()
+
+    def _merge_skips(self) -> None:
+        """The skips in force: the config's, the checkpoint's, and those of rollbacks after
+        the checkpoint was written (``RUN/rollbacks.json``)."""
+        self.skips = SkipRanges([*self.cfg.train.skip_samples,
+                                 *self.state.get("skip_samples", []),
+                                 *read_rollbacks(self.run_dir)["skip_samples"]])
+        self.state["skip_samples"] = self.skips.to_list()
 
     def save(self) -> Path:
+        """A checkpoint of this step (in the background with ``checkpoint.async``)."""
         self.state["loss_scale"] = self.precision.state_dict()
-        return ckpt.save_checkpoint(self.run_dir, self.state["step"], self.model,
-                                    self.optimizer, self.state, self.cfg,
-                                    self.cfg.checkpoint.keep_last, is_writer=self.is_main)
+        self.state["spike_history"] = self.guard.detector.state_dict()
+        started = time.perf_counter()
+        self.guard.watchdog.arm(f"checkpoint of step {self.state['step']}",
+                                self.cfg.watchdog.startup_seconds)
+        if self.cfg.checkpoint.async_:
+            if self._async_saver is None:
+                self._async_saver = ckpt.AsyncCheckpointer(
+                    self.run_dir, self.cfg.checkpoint.keep_last, is_writer=self.is_main)
+            path = self._async_saver.save(self.state["step"], self.model, self.optimizer,
+                                          self.state, self.cfg)
+        else:
+            path = ckpt.save_checkpoint(self.run_dir, self.state["step"], self.model,
+                                        self.optimizer, self.state, self.cfg,
+                                        self.cfg.checkpoint.keep_last, is_writer=self.is_main)
+        self.guard.watchdog.disarm()
+        self.guard.last_save_seconds = time.perf_counter() - started
+        return path
+
+    def _finish_saves(self) -> None:
+        """Wait for a checkpoint still being written in the background."""
+        if self._async_saver is not None:
+            self.guard.watchdog.arm("finishing an async checkpoint",
+                                    self.cfg.watchdog.startup_seconds)
+            self._async_saver.wait()
+            self.guard.watchdog.disarm()
 
     def run(self) -> dict:
+        """Train to the end of ``train.train_samples`` (or a stop: ``exit_interval``, a signal,
+        ``train.max_wallclock``, too many rollbacks). Returns the trainer state; a run that
+        stopped early to be continued has ``state["stopped"]`` set to the reason."""
         cfg = self.cfg
         self.run_dir.mkdir(parents=True, exist_ok=True)
         splits = open_splits(cfg.data.corpus, cfg.data.seq_length, cfg.train.train_samples,
@@ -283,6 +337,7 @@ class Trainer:
             raise UserError(f"data: the train split serves {len(train)} samples, fewer than "
                             f"train.train_samples {cfg.train.train_samples}")
         resumed = self.resume()
+        self._merge_skips()
         state = self.state  # after resume(), which replaces it
         self._peak_flops = measure_peak_flops(self.device, self.precision.dtype)
         info = {"parameters": cfg.model.num_parameters(), "device": str(self.device),
@@ -295,71 +350,161 @@ class Trainer:
                  f"device {self.device}; {self.precision.name}; peak "
                  f"{self._peak_flops / 1e9:,.1f} GFLOP/s (matmul)"
                  + (f"; resumed from {resumed}" if resumed else ""))
+        if self.skips:
+            self.log(f"skipping train samples {self.skips.to_list()}")
         metrics = MetricsWriter(self.run_dir, cfg.monitor.tensorboard and self.is_main,
                                 enabled=self.is_main)
         total_steps = self.total_steps()
         if state["step"] >= total_steps:
             self.log(f"run complete: step {state['step']} of {total_steps}")
             return state
-        sampler = MegatronSampler(cfg.train.train_samples, state["consumed_samples"],
-                                  cfg.train.micro_batch_size, self.layout.dp_rank,
-                                  self.layout.dp)
-        loader = iter(make_loader(train, sampler, cfg.data.num_workers,
-                                  cfg.data.prefetch_factor, self.device.type == "cuda"))
         profiler = _Profiler(cfg.train.profile_steps, self.run_dir, self.device)
-        window = {"start": time.perf_counter(), "tokens": 0, "samples": 0, "steps": 0}
-        steps_here = 0
+        self.guard.start()
         try:
-            while state["step"] < total_steps and not (
-                    cfg.train.exit_interval and steps_here >= cfg.train.exit_interval):
-                steps_here += 1
-                step = state["step"] + 1
-                profiler.at_step(step)
-                size = global_batch_size(cfg, state["consumed_samples"], self.layout.dp)
-                length = sequence_length(cfg, state["consumed_tokens"])
-                micro = [next(loader)[:, : length + 1]
-                         for _ in range(size // (cfg.train.micro_batch_size * self.layout.dp))]
-                self._check_ids(micro, step)
-                progress, total = self._progress()
-                lr = learning_rate(progress, total, cfg.optimizer, cfg.schedule)
-                thermo = bool(cfg.monitor.thermometer_interval
-                              and step % cfg.monitor.thermometer_interval == 0)
-                faults.fire("step", step=step)
-                result = self.train_step(micro, lr, thermometers=thermo)
-                state["step"] = step
-                state["consumed_samples"] += size
-                state["consumed_tokens"] += size * length
-                self._count_bad(result, step)
-                window["tokens"] += size * length
-                window["samples"] += size
-                window["steps"] += 1
-                if step % cfg.train.log_interval == 0 or step == total_steps:
-                    record = self._record(result, lr, size, length, window)
-                    metrics.write(record)
-                    self.log(console_line(record, total_steps))
-                    window = {"start": time.perf_counter(), "tokens": 0, "samples": 0,
-                              "steps": 0}
-                if thermo:
-                    metrics.write({"kind": "thermometer", "step": step,
-                                   **result["thermometers"]})
-                if cfg.train.eval_interval and step % cfg.train.eval_interval == 0:
-                    self._evaluate(splits, metrics, step)
-                if cfg.checkpoint.interval and step % cfg.checkpoint.interval == 0:
-                    self.log(f"checkpoint: {self.save()}")
+            self._train(train, splits, metrics, profiler)
+            if not self.state.get("stopped"):
+                self._finish_run(splits, metrics)
         finally:
             profiler.close()
-        if cfg.train.eval_interval and state["step"] % cfg.train.eval_interval:
-            self._evaluate(splits, metrics, state["step"])
-        if not cfg.checkpoint.interval or state["step"] % cfg.checkpoint.interval:
-            self.log(f"checkpoint: {self.save()}")
+            self.guard.close()
         metrics.close()
-        return state
+        return self.state
+
+    def _open_batches(self, train):
+        """Micro-batch iterator (and, when spike faults are injected, the sample ids of each
+        micro-batch) from the current position."""
+        cfg = self.cfg
+        sampler = MegatronSampler(cfg.train.train_samples, self.state["consumed_samples"],
+                                  cfg.train.micro_batch_size, self.layout.dp_rank,
+                                  self.layout.dp, self.skips)
+        loader = iter(make_loader(train, sampler, cfg.data.num_workers,
+                                  cfg.data.prefetch_factor, self.device.type == "cuda"))
+        return loader, (iter(sampler) if faults.spike_samples() else None)
+
+    def _train(self, train, splits, metrics, profiler) -> None:
+        cfg, guard = self.cfg, self.guard
+        total_steps = self.total_steps()
+        loader, sample_ids = self._open_batches(train)
+        window = {"start": time.perf_counter(), "tokens": 0, "samples": 0, "steps": 0}
+        steps_here = 0
+        while self.state["step"] < total_steps and not (
+                cfg.train.exit_interval and steps_here >= cfg.train.exit_interval):
+            state = self.state
+            steps_here += 1
+            step = state["step"] + 1
+            profiler.at_step(step)
+            guard.watchdog.arm(f"step {step}")
+            size = global_batch_size(cfg, state["consumed_samples"], self.layout.dp)
+            length = sequence_length(cfg, state["consumed_tokens"])
+            micro = [next(loader)[:, : length + 1]
+                     for _ in range(size // (cfg.train.micro_batch_size * self.layout.dp))]
+            if sample_ids is not None:
+                micro = faults.corrupt_spiked(micro, [next(sample_ids) for _ in micro],
+                                              cfg.model.vocab_size)
+            self._check_ids(micro, step)
+            progress, total = self._progress()
+            lr = learning_rate(progress, total, cfg.optimizer, cfg.schedule)
+            thermo = bool(cfg.monitor.thermometer_interval
+                          and step % cfg.monitor.thermometer_interval == 0)
+            faults.fire("step", step=step)
+            result = self.train_step(micro, lr, thermometers=thermo)
+            verdict = guard.judge(result)
+            guard.watchdog.disarm(step_finished=True)
+            if verdict.finding is not None and self._roll_back(verdict.finding, step, metrics):
+                total_steps = self.total_steps()
+                loader, sample_ids = self._open_batches(train)
+                window = {"start": time.perf_counter(), "tokens": 0, "samples": 0,
+                          "steps": 0}
+                continue
+            state["step"] = step
+            state["consumed_samples"] = self.skips.advance(state["consumed_samples"], size)
+            state["consumed_tokens"] += size * length
+            self._count_bad(result, step)
+            window["tokens"] += size * length
+            window["samples"] += size
+            window["steps"] += 1
+            if step % cfg.train.log_interval == 0 or step == total_steps:
+                record = self._record(result, lr, size, length, window)
+                metrics.write(record)
+                self.log(console_line(record, total_steps))
+                window = {"start": time.perf_counter(), "tokens": 0, "samples": 0, "steps": 0}
+            if thermo:
+                metrics.write({"kind": "thermometer", "step": step, **result["thermometers"]})
+            if cfg.train.eval_interval and step % cfg.train.eval_interval == 0:
+                self._evaluate(splits, metrics, step)
+            if cfg.checkpoint.interval and step % cfg.checkpoint.interval == 0:
+                self.log(f"checkpoint: {self.save()}")
+            if verdict.stop_reason:
+                self._stop_for(verdict.stop_reason, metrics)
+                return
+
+    def _finish_run(self, splits, metrics) -> None:
+        """The last evaluation and checkpoint (end of the run or of ``exit_interval``)."""
+        cfg, step = self.cfg, self.state["step"]
+        if cfg.train.eval_interval and step % cfg.train.eval_interval:
+            self._evaluate(splits, metrics, step)
+        if not cfg.checkpoint.interval or step % cfg.checkpoint.interval:
+            self.log(f"checkpoint: {self.save()}")
+        self._finish_saves()
+
+    def _stop_for(self, reason: str, metrics) -> None:
+        """Save (unless this step's checkpoint was just written) and mark the run stopped."""
+        step = self.state["step"]
+        if not (self.cfg.checkpoint.interval and step % self.cfg.checkpoint.interval == 0):
+            self.log(f"checkpoint: {self.save()}")
+        self._finish_saves()
+        self.state["stopped"] = reason
+        metrics.write({"kind": "stop", "step": step, "reason": reason})
+        self.log(f"stopping after step {step}: {reason}; checkpoint saved, exit code "
+                 f"{PREEMPTED_EXIT_CODE} (resume with --resume auto)")
+
+    def _roll_back(self, finding: SpikeFinding, step: int, metrics) -> bool:
+        """Reload the newest good checkpoint before ``step`` and skip the batches around the
+        spike. False when there is none (or rollbacks are off): the caller goes on as
+        before rollbacks existed (a non-finite step is skipped, a finite spike kept)."""
+        cfg = self.cfg
+        event = {"kind": "rollback", "step": step, "reason": finding.reason,
+                 "loss": finding.value if finding.reason != "grad-norm spike" else None,
+                 "value": finding.value, "baseline": finding.baseline,
+                 "threshold": finding.threshold}
+        if not cfg.spike.enabled:
+            return False
+        self._finish_saves()
+        target = ckpt.latest_checkpoint(self.run_dir, before_step=step, log=self.log)
+        if target is None:
+            self.log(f"step {step}: {finding.describe()}; no checkpoint before it to roll "
+                     "back to")
+            metrics.write({**event, "kind": "spike", "action": "none (no checkpoint)"})
+            return False
+        rollbacks = self.state.get("rollbacks", 0) + 1
+        if rollbacks > cfg.spike.max_rollbacks:
+            raise UserError(f"stopping at step {step}: {finding.describe()}, and the run "
+                            f"has rolled back spike.max_rollbacks = {cfg.spike.max_rollbacks}"
+                            f" times already; see {self.run_dir / ROLLBACKS_FILE}, lower "
+                            "optimizer.lr or skip more data (train.skip_samples)")
+        self.load(target)
+        start, end = skip_range(cfg, self.state["step"], self.state["consumed_samples"],
+                                step, self.skips, self.layout.dp)
+        self.skips.add(start, end)
+        self.state["skip_samples"] = self.skips.to_list()
+        self.state["rollbacks"] = rollbacks
+        event.update(checkpoint=str(target), checkpoint_step=self.state["step"],
+                     skip=[start, end], rollbacks=rollbacks)
+        if self.is_main:
+            append_rollback(self.run_dir, event, self.skips)
+        metrics.write(event)
+        self.log(f"step {step}: {finding.describe()}; rolled back to {target.name} (step "
+                 f"{self.state['step']}) and skipping train samples [{start}, {end}) "
+                 f"(rollback {rollbacks} of at most {cfg.spike.max_rollbacks})")
+        return True
 
     def _evaluate(self, splits, metrics, step: int) -> None:
         if "valid" not in splits:
             return
+        self.guard.watchdog.arm(f"evaluation at step {step}", self.cfg.watchdog.startup_seconds)
         record = {"kind": "valid", "step": step,
                   **self.evaluate(splits["valid"], self.cfg.train.eval_samples)}
+        self.guard.watchdog.disarm()
         metrics.write(record)
         self.log(f"step {step} | valid loss {record['valid_loss']:.4f} | "
                  f"ppl {record['valid_ppl']:.2f}")

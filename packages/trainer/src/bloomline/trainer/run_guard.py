@@ -1,0 +1,63 @@
+"""What keeps a long run alive, in one place the training loop consults at each step: the spike
+detector (``spikes.py``), the stop requests of signals and the wall-clock budget
+(``preemption.py``) and the hang watchdog (``watchdog.py``).
+
+``RunGuard.judge`` is the one point where the ranks agree: each rank's finding (a spike or a
+non-finite value) and stop request go through a single all-reduce (max), so every rank of every
+parallel layout rolls back, or stops and saves, after the same step. Without it a rank whose
+SIGUSR1 arrived alone would save while the others went on into the next step's collectives.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bloomline.trainer.preemption import StopRequests
+from bloomline.trainer.spikes import SpikeDetector, SpikeFinding
+from bloomline.trainer.watchdog import Watchdog
+
+__all__ = ["RunGuard", "Verdict"]
+
+
+@dataclass
+class Verdict:
+    """The agreed outcome of a step: a finding to roll back from, and a reason to stop."""
+
+    finding: SpikeFinding | None = None
+    stop_reason: str = ""
+
+
+class RunGuard:
+    """Spike detection, stop requests and the watchdog of one rank's run."""
+
+    def __init__(self, cfg, run_dir, rank: int) -> None:
+        self.spike_enabled = cfg.spike.enabled
+        self.detector = SpikeDetector.from_config(cfg.spike)
+        self.stops = StopRequests(cfg.train.max_wallclock)
+        self.watchdog = Watchdog.from_config(cfg, run_dir, rank)
+        self.last_save_seconds = 0.0
+
+    def start(self) -> None:
+        self.stops.install()
+
+    def close(self) -> None:
+        self.stops.uninstall()
+        self.watchdog.close()
+
+    def judge(self, result: dict) -> Verdict:
+        """This step's verdict, the same on every rank. Good steps join the spike baseline."""
+        finding = self.detector.check(result["loss"], result["grad_norm"])
+        if finding is not None and finding.reason != "non-finite" and not self.spike_enabled:
+            finding = None  # without rollbacks a finite spike changes nothing
+        # room for the next step and the checkpoint after it, with a margin for noise
+        reserve = 2.0 * self.watchdog.median_step_seconds() + 1.5 * self.last_save_seconds
+        reason = self.stops.local_reason(reserve)
+        spiked, stop = self.stops.agree([float(finding is not None), float(bool(reason))])
+        if spiked and finding is None:  # another rank's values tripped it
+            finding = SpikeFinding("spike on another rank", result["loss"], float("nan"),
+                                   float("nan"))
+        if stop and not reason:
+            reason = "another rank was asked to stop (signal or train.max_wallclock)"
+        if finding is None:
+            self.detector.record(result["loss"], result["grad_norm"])
+        return Verdict(finding, reason)
