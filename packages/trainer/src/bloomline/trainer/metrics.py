@@ -111,6 +111,11 @@ class MetricsWriter:
         self.enabled = enabled
         self.path = Path(run_dir) / "metrics.jsonl"
         self._tb = None
+        if enabled and self.path.is_file() and self.path.stat().st_size:
+            with self.path.open("rb+") as fh:
+                fh.seek(-1, 2)
+                if fh.read(1) != b"\n":  # a process killed mid-write: end its line
+                    fh.write(b"\n")
         if enabled and tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -128,7 +133,7 @@ class MetricsWriter:
                     continue
                 if isinstance(value, int | float):
                     self._tb.add_scalar(f"{record.get('kind', 'train')}/{key}", value, step)
-                elif isinstance(value, list):
+                elif isinstance(value, list) and record.get("kind") == "thermometer":
                     for layer, v in enumerate(value):
                         self._tb.add_scalar(f"thermometer/{key}/layer_{layer}", v, step)
 
