@@ -113,9 +113,20 @@ def make_loader(samples: TokenSamples, sampler: MegatronSampler, num_workers: in
     memory makes the host-to-GPU copy asynchronous."""
     kwargs = {}
     if num_workers > 0:
-        kwargs = {"prefetch_factor": prefetch_factor, "persistent_workers": False}
+        kwargs = {"prefetch_factor": prefetch_factor, "persistent_workers": False,
+                  "worker_init_fn": _ignore_stop_signals}
     return DataLoader(samples, batch_sampler=sampler, num_workers=num_workers,
                       pin_memory=pin_memory, **kwargs)
+
+
+def _ignore_stop_signals(worker_id: int) -> None:  # noqa: ARG001 - worker_init_fn signature
+    """SLURM signals every process of a job step, loader workers included: a worker that died
+    of the SIGTERM or SIGUSR1 meant for the trainer would fail the batch fetch before the
+    checkpoint. The trainer process stops them itself when it is done."""
+    import signal
+
+    for sig in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(sig, signal.SIG_IGN)
 
 
 def check_vocabulary(tokenizer_path: str, model_vocab: int) -> int | None:

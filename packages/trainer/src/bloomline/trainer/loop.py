@@ -327,6 +327,13 @@ class Trainer:
         """Train to the end of ``train.train_samples`` (or a stop: ``exit_interval``, a signal,
         ``train.max_wallclock``, too many rollbacks). Returns the trainer state; a run that
         stopped early to be continued has ``state["stopped"]`` set to the reason."""
+        self.guard.start()  # from here on a SIGTERM / SIGUSR1 asks for a checkpoint
+        try:
+            return self._run()
+        finally:
+            self.guard.close()
+
+    def _run(self) -> dict:
         cfg = self.cfg
         self.run_dir.mkdir(parents=True, exist_ok=True)
         splits = open_splits(cfg.data.corpus, cfg.data.seq_length, cfg.train.train_samples,
@@ -359,14 +366,12 @@ class Trainer:
             self.log(f"run complete: step {state['step']} of {total_steps}")
             return state
         profiler = _Profiler(cfg.train.profile_steps, self.run_dir, self.device)
-        self.guard.start()
         try:
             self._train(train, splits, metrics, profiler)
             if not self.state.get("stopped"):
                 self._finish_run(splits, metrics)
         finally:
             profiler.close()
-            self.guard.close()
         metrics.close()
         return self.state
 

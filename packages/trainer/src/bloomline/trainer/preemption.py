@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 import time
 
 import torch
@@ -40,7 +41,11 @@ class StopRequests:
         self._previous: dict[int, object] = {}
 
     def install(self) -> None:
-        """Catch SIGTERM and SIGUSR1 (main thread only, as Python requires)."""
+        """Catch SIGTERM and SIGUSR1. Python lets only the main thread set handlers: a
+        trainer run from another thread (a notebook's worker, a test harness) keeps the
+        process's handlers and is stopped by its launcher instead."""
+        if threading.current_thread() is not threading.main_thread():
+            return
         for sig in _SIGNALS:
             self._previous[sig] = signal.signal(sig, self._on_signal)
 
