@@ -4,7 +4,9 @@ one line and a non-zero exit instead of a hang.
 
 Run as a module (``python -m test_parallel_launch``), this file is also the probe the error
 tests launch: rank 1 fails after the process group is up while rank 0 waits for it (``launch``),
-or both ranks wait until the launcher is stopped (``launch-wait``).
+both ranks wait until the launcher is stopped (``launch-wait``), both wait for SIGUSR1 or
+SIGTERM and then stop as a preempted run does (``launch-preempt``, with one restart allowed), or
+rank 1 dies on every start (``launch-die``, with one restart allowed).
 """
 
 from __future__ import annotations
@@ -31,6 +33,34 @@ def _env() -> dict:
 def _trainer(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "bloomline.trainer", *args], env=_env(),
                           capture_output=True, text=True, timeout=timeout)
+
+
+def slurm_env(tmp_path: Path, recipe: Path, **extra: str) -> dict:
+    """The environment of ``configs/slurm/pretrain.sbatch`` under stand-ins: srun drops its
+    options and runs the command; ``scontrol show hostnames`` prints this host and
+    ``scontrol requeue JOB`` is recorded in ``tmp_path/requeued``; one node, 2 processes,
+    job 4242."""
+    from distributed import free_port
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text('#!/bin/sh\nwhile [ "${1#-}" != "$1" ]; do shift; done\n'
+                                  'exec "$@"\n')
+    (bin_dir / "scontrol").write_text(
+        '#!/bin/sh\ncase "$1" in\n  show) echo localhost ;;\n'
+        f'  requeue) echo "requeue $2" >> "{tmp_path / "requeued"}" ;;\n'
+        '  *) exit 1 ;;\nesac\n')
+    for tool in ("srun", "scontrol"):
+        (bin_dir / tool).chmod(0o755)
+    return dict(_env(), PATH=os.pathsep.join([str(bin_dir), str(Path(sys.executable).parent),
+                                              os.environ["PATH"]]),
+                SLURM_NNODES="1", SLURM_JOB_NODELIST="localhost", SLURM_JOB_ID="4242",
+                GPUS_PER_NODE="2", PORT=str(free_port()), RECIPE=str(recipe), **extra)
+
+
+def run_sbatch(env: dict, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(ROOT / "configs" / "slurm" / "pretrain.sbatch"), *args],
+                          env=env, capture_output=True, text=True, timeout=300)
 
 
 def _train_records(run_dir) -> list[dict]:
@@ -63,36 +93,23 @@ def test_nproc_2_trains_like_one_process_and_writes_once(corpus, tmp_path, make_
                                                                     "__1_0.distcp"]
 
 
-def test_slurm_script_starts_torchrun_with_a_rendezvous(corpus, tmp_path, make_config):
-    """Bug: the SLURM example does not run (a typo in torchrun's flags, the rendezvous host,
-    the module) or ignores its extra arguments: run under a stand-in srun/scontrol on one
-    node with 2 processes, it must train and checkpoint at tp2."""
-    from distributed import free_port
-
+def test_slurm_script_starts_the_launcher_with_a_rendezvous(corpus, tmp_path, make_config):
+    """Bug: the SLURM example does not run (a typo in the launcher's flags, the rendezvous
+    host, MAX_RESTARTS) or ignores its extra arguments, or requeues a run that finished: run
+    under a stand-in srun/scontrol on one node with 2 processes, it must train and checkpoint
+    at tp2, exit 0 and not requeue."""
     from bloomline.common.config import to_toml
 
     recipe = tmp_path / "recipe.toml"
     recipe.write_text(to_toml(make_config(corpus, tmp_path / "run",
                                           train={"train_samples": 8, "log_interval": 1})))
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    # srun: drop its options, run the command; scontrol show hostnames: this host
-    (bin_dir / "srun").write_text('#!/bin/sh\nwhile [ "${1#-}" != "$1" ]; do shift; done\n'
-                                  'exec "$@"\n')
-    (bin_dir / "scontrol").write_text("#!/bin/sh\necho localhost\n")
-    for tool in ("srun", "scontrol"):
-        (bin_dir / tool).chmod(0o755)
-    env = dict(_env(), PATH=os.pathsep.join([str(bin_dir), str(Path(sys.executable).parent),
-                                             os.environ["PATH"]]),
-               SLURM_NNODES="1", SLURM_JOB_NODELIST="localhost", SLURM_JOB_ID="4242",
-               GPUS_PER_NODE="2", PORT=str(free_port()), RECIPE=str(recipe))
-    done = subprocess.run(["bash", str(ROOT / "configs" / "slurm" / "pretrain.sbatch"),
-                           "parallel.tensor_parallel=2"], env=env, capture_output=True,
-                          text=True, timeout=300)
+    done = run_sbatch(slurm_env(tmp_path, recipe, MAX_RESTARTS="1"),
+                      "parallel.tensor_parallel=2")
     assert done.returncode == 0, done.stderr
     assert "pp1 x dp1 x tp2 = 2 processes" in done.stdout
     assert [r["step"] for r in _train_records(tmp_path / "run")] == [1, 2]
     assert (tmp_path / "run" / "checkpoints" / "step_00000002" / ".metadata").is_file()
+    assert not (tmp_path / "requeued").exists()
 
 
 def test_a_bad_layout_ends_every_rank_with_one_line():
@@ -188,7 +205,7 @@ def test_multi_node_options_need_a_rendezvous_and_nproc():
     assert done.stderr.startswith("error: --nnodes and --rdzv-endpoint go with --nproc")
 
 
-# -- the probe: ``python -m test_parallel_launch launch|rank`` --------------------------------
+# -- the probe: ``python -m test_parallel_launch launch[-wait|-preempt|-die]|RANKS`` ----------
 def _probe_rank() -> None:
     from datetime import timedelta
 
@@ -223,16 +240,53 @@ def _probe_wait() -> None:
     store.wait(["never"])
 
 
+def _probe_preempt() -> None:
+    """Both ranks wait (up to a minute) for SIGUSR1 or SIGTERM, then stop as a preempted run
+    does, with the worker side's own pieces: ``StopRequests`` and ``exit_preempted``."""
+    import time
+
+    from bloomline.trainer.preemption import StopRequests, exit_preempted
+
+    stops = StopRequests()
+    stops.install()
+    os.write(1, f"rank {os.environ['RANK']} waiting: pid {os.getpid()}\n".encode())
+    deadline = time.monotonic() + 60
+    while stops.signal is None:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"rank {os.environ['RANK']}: no signal came")
+        time.sleep(0.02)
+    exit_preempted()
+
+
+def _probe_die() -> None:
+    """Rank 1 is SIGKILLed on every start (a node failure); rank 0 waits to be stopped."""
+    import signal
+    import time
+
+    attempt = os.environ["TORCHELASTIC_RESTART_COUNT"]
+    if os.environ["RANK"] == "1":
+        os.write(1, f"rank 1 start {attempt}\n".encode())
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(120)
+
+
+# launcher command: (the ranks' probe command, --max-restarts)
+_LAUNCHES = {"launch": ("rank", 0), "launch-wait": ("wait", 0),
+             "launch-preempt": ("preempt", 1), "launch-die": ("die", 1)}
+_RANKS = {"rank": _probe_rank, "wait": _probe_wait, "preempt": _probe_preempt,
+          "die": _probe_die}
+
+
 def _probe(command: str) -> None:
     from bloomline.common.errors import exit_on_user_error
     from bloomline.trainer.parallel.launch import launch, report_user_errors
 
-    if command.startswith("launch"):
-        ranks = "wait" if command == "launch-wait" else "rank"
-        exit_on_user_error(lambda: launch(2, [], module="test_parallel_launch", command=ranks))
+    if command in _LAUNCHES:
+        ranks, max_restarts = _LAUNCHES[command]
+        exit_on_user_error(lambda: launch(2, [], module="test_parallel_launch", command=ranks,
+                                          max_restarts=max_restarts))
     else:
-        exit_on_user_error(lambda: report_user_errors(
-            _probe_wait if command == "wait" else _probe_rank))
+        exit_on_user_error(lambda: report_user_errors(_RANKS[command]))
 
 
 if __name__ == "__main__":

@@ -27,18 +27,27 @@ def pretrain(
                                "command."),
     rdzv_endpoint: str = typer.Option("", help="With --nnodes > 1: HOST:PORT of the first node, "
                                       "where the nodes meet (c10d rendezvous)."),
+    max_restarts: int = typer.Option(0, help="After a rank dies, restart all ranks from the "
+                                     "newest checkpoint, up to this many times (torchrun's "
+                                     "--max-restarts); without --nproc: one process."),
 ) -> None:
     """Train. Extra arguments override the recipe: section.key=value (e.g.
     train.train_samples=2000 optimizer.lr=1e-3)."""
     overrides = list(ctx.args)
     if not nproc and (nnodes != 1 or rdzv_endpoint):
         raise UserError("--nnodes and --rdzv-endpoint go with --nproc (processes per node)")
+    if max_restarts < 0:
+        raise UserError(f"--max-restarts {max_restarts}: must be 0 or more")
+    if max_restarts:
+        _check_restartable(config, resume, overrides, max_restarts)
+        nproc = nproc or 1  # restarts need torchrun's agent to watch the process
     if nproc:
         from bloomline.trainer.parallel.launch import launch
 
         forwarded = ([f"--config={config}"] if config is not None else []) + (
             [f"--resume={resume}"] if resume is not None else []) + overrides
-        launch(nproc, forwarded, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint)
+        launch(nproc, forwarded, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint,
+               max_restarts=max_restarts)
         return
     from bloomline.trainer.config import load_trainer_config
     from bloomline.trainer.loop import Trainer
@@ -47,11 +56,34 @@ def pretrain(
         overrides.append(f"checkpoint.resume={resume}")
     cfg = load_trainer_config(config, overrides)
     # flushed per line: a run logs to files (SLURM, nohup) where stdout is block-buffered
-    Trainer(cfg, log=lambda line: print(line, flush=True)).run()
+    state = Trainer(cfg, log=lambda line: print(line, flush=True)).run()
     import torch.distributed as dist
 
     if dist.is_initialized():
         dist.destroy_process_group()
+    if state.get("stopped"):  # a signal or train.max_wallclock: saved, to be continued
+        from bloomline.trainer.preemption import exit_preempted
+
+        exit_preempted()
+
+
+def _check_restartable(config: str | None, resume: str | None, overrides: list[str],
+                       max_restarts: int) -> None:
+    """Every restart runs the same command: only ``checkpoint.resume=auto`` continues from the
+    newest checkpoint. A fixed folder would start each restart from that folder again (and
+    ``none`` from scratch), throwing away the steps since, so the combination is refused
+    rather than converted: "PATH, then auto" would be a third meaning of the setting, and
+    "auto" alone ignores PATH while the run folder has no checkpoint yet. Loading the config
+    here also reports its errors once, before the processes start and restart on them."""
+    from bloomline.trainer.config import load_trainer_config
+
+    setting = load_trainer_config(config, overrides + (
+        [f"checkpoint.resume={resume}"] if resume is not None else [])).checkpoint.resume
+    if setting != "auto":
+        start = "scratch" if setting == "none" else setting
+        raise UserError(f"--max-restarts {max_restarts} with checkpoint.resume {setting}: every "
+                        f"restart would start again from {start}; use --resume auto (run once "
+                        "without restarts to get a first checkpoint in train.run_dir)")
 
 
 def _load_for_inference(checkpoint: str):
@@ -134,6 +166,23 @@ def import_hf_command(
     with torch.no_grad():
         trainer.model.load_state_dict(state, strict=True)
     typer.echo(f"checkpoint: {trainer.save()}")
+
+
+@app.command("verify-checkpoint")
+def verify_checkpoint_command(
+    checkpoint: str = typer.Argument(..., help="A checkpoint folder (RUN/checkpoints/step_N)."),
+) -> None:
+    """Check a checkpoint against its manifest (sizes, sha256, parsable state files) without
+    loading it. Exit 0 when intact; 1 with one line per problem otherwise."""
+    from bloomline.trainer.checkpoint_manifest import describe_checkpoint, verify_checkpoint
+
+    problems = verify_checkpoint(checkpoint)
+    if problems:
+        for problem in problems[:-1]:  # in order; the last one is the UserError's line
+            typer.echo(f"error: {checkpoint}: {problem}", err=True)
+        raise UserError(f"{checkpoint}: {problems[-1]}")
+    files, size, step = describe_checkpoint(checkpoint)
+    typer.echo(f"ok: {checkpoint}: {files} files, {size} bytes, step {step}")
 
 
 def main() -> None:

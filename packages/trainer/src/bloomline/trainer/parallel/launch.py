@@ -5,14 +5,33 @@ back to it so that the run ends with that one line.
 - One node: ``trainer pretrain --nproc 4 --config ...`` is ``torchrun --standalone
   --nproc-per-node 4 -m bloomline.trainer pretrain --config ...``.
 - Several nodes: the same command on every node with ``--nnodes 2 --rdzv-endpoint
-  HOST:PORT`` (HOST: the first node; c10d rendezvous, as torchrun's ``--rdzv-backend c10d``).
-  ``configs/slurm/pretrain.sbatch`` does it under SLURM.
+  HOST:PORT`` (HOST: the first node; c10d rendezvous, as torchrun's ``--rdzv-backend c10d``;
+  the rendezvous id is ``$SLURM_JOB_ID`` under SLURM). ``configs/slurm/pretrain.sbatch`` does
+  it under SLURM.
 
 A rank that fails stops the others: torchrun's agent watches its workers and terminates all of
 them when one exits non-zero, so a rank left waiting in a collective for a dead peer is killed
 rather than left to hang. A ``UserError`` on a rank is written into the error file torchrun
 gives each worker (``TORCHELASTIC_ERROR_FILE``), and the launcher prints the first one as
 ``error: ...`` (once, instead of once per rank) and exits non-zero.
+
+Surviving a dead rank: ``--max-restarts N`` is torchrun's own: after a failure the agent stops
+every rank (SIGTERM, then SIGKILL after 30 s), meets the other nodes again and starts them all
+anew, up to N times; the new ranks resume from the run's newest complete checkpoint
+(``checkpoint.resume=auto``). Only when the restarts are spent does the run fail.
+
+Preemption (exit codes: 0 done, 75 saved and stopped, to be requeued, anything else failed):
+
+- ``BLOOMLINE_PREEMPT_FILE``: a worker that stopped to be continued (a signal, or
+  ``train.max_wallclock``) exits 0 after touching this file (``preemption.exit_preempted``);
+  a non-zero exit would make the agent restart it. Seeing the file, the launcher exits 75.
+- SIGUSR1 (SLURM's ``--signal=USR1@120``) to the launcher is forwarded to every worker, which
+  finishes its step, saves with the others and exits; the agent keeps watching meanwhile, with
+  no time limit. Needed because torchrun starts each worker in a session of its own (so a
+  signal to the launcher's process group misses them) and does not handle SIGUSR1 itself.
+- SIGTERM / SIGINT to the launcher: torchrun's agent sends the same signal to every worker and
+  SIGKILLs those still running 30 s later (``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``): a worker saves
+  within that time or not at all. For big models ask the scheduler for SIGUSR1 early instead.
 """
 
 from __future__ import annotations
@@ -20,8 +39,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
+import signal
+import tempfile
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TypeVar
 
 from bloomline.common.errors import UserError
@@ -33,10 +56,12 @@ T = TypeVar("T")
 # set by ``launch`` for its workers: the launcher prints their UserErrors, so they stay quiet
 _LAUNCHED = "BLOOMLINE_LAUNCHED"
 _MARK = "bloomline_user_error"
+_SHARE_STORE_OFF = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 
 
 class LaunchError(UserError):
-    """A worker of ``launch`` failed; exits with that worker's exit code."""
+    """A worker of ``launch`` failed (exits with that worker's exit code), or the run was
+    preempted (exits ``PREEMPTED_EXIT_CODE``)."""
 
     def __init__(self, message: str, exit_code: int = 1) -> None:
         super().__init__(message)
@@ -69,21 +94,37 @@ def report_user_errors(fn: Callable[[], T]) -> T:
 
 def launch(nproc: int, args: Sequence[str], nnodes: int = 1, rdzv_endpoint: str = "",
            rdzv_id: str = "", module: str = "bloomline.trainer",
-           command: str = "pretrain") -> None:
+           command: str = "pretrain", max_restarts: int = 0) -> None:
     """Run ``python -m MODULE COMMAND ARGS`` in ``nproc`` processes on this node through
     torchrun; with ``nnodes`` > 1 every node runs this and they meet at ``rdzv_endpoint``.
-    Returns when all finished; raises ``LaunchError`` (one line) when one failed."""
+    After a failure all of them are restarted, up to ``max_restarts`` times.
+
+    Returns when all finished; raises ``LaunchError`` (one line) when one failed, or with
+    ``PREEMPTED_EXIT_CODE`` when the workers stopped to be continued (see the module
+    docstring). Call it last in a process: it leaves SIGTERM, SIGINT, SIGHUP and SIGUSR1
+    ignored, so that a late signal cannot replace the exit code it decided."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
+
+    from bloomline.trainer.preemption import PREEMPT_FILE_VARIABLE, PREEMPTED_EXIT_CODE
 
     if nproc < 1:
         raise UserError(f"--nproc {nproc}: must be at least 1")
     if nnodes < 1:
         raise UserError(f"--nnodes {nnodes}: must be at least 1")
+    if max_restarts < 0:
+        raise UserError(f"--max-restarts {max_restarts}: must be 0 or more")
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 or "TORCHELASTIC_RUN_ID" in os.environ:
         raise UserError("--nproc inside a torchrun worker: give either torchrun or --nproc")
-    argv = ["--nproc-per-node", str(nproc), "--nnodes", str(nnodes)]
+    # torchrun's --monitor-interval (how often the agent polls its workers) is 0.1 s by default
+    # in torch 2.13 (run.py), nothing next to the seconds a restart takes (new processes, a
+    # rendezvous, a checkpoint load): the default stays. The signals that end the run are
+    # torchrun's defaults, named so that a PET_SIGNALS_TO_HANDLE with SIGUSR1 in it cannot turn
+    # the forwarding below into a shutdown that SIGKILLs the savers after 30 s.
+    argv = ["--nproc-per-node", str(nproc), "--nnodes", str(nnodes),
+            "--max-restarts", str(max_restarts),
+            "--signals-to-handle", "SIGTERM,SIGINT,SIGHUP,SIGQUIT"]
     if rdzv_endpoint:
         argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", rdzv_endpoint,
                  "--rdzv-id", rdzv_id or os.environ.get("SLURM_JOB_ID", "bloomline")]
@@ -94,17 +135,108 @@ def launch(nproc: int, args: Sequence[str], nnodes: int = 1, rdzv_endpoint: str 
         argv.append("--standalone")  # a local rendezvous on a free port
     argv += ["--module", module, command, *args]
     parsed = get_args_parser().parse_args(argv)
-    os.environ[_LAUNCHED] = "1"  # inherited by the workers
+    # node-local, fresh for this launch: a file left by an earlier run must not read as "saved"
+    marker_dir = Path(tempfile.mkdtemp(prefix="bloomline-launch-"))
+    marker = marker_dir / "preempted"
+    saved_env = {name: os.environ.get(name)
+                 for name in (_LAUNCHED, PREEMPT_FILE_VARIABLE, _SHARE_STORE_OFF)}
+    os.environ[_LAUNCHED] = "1"  # inherited by the workers, as is the next one
+    os.environ[PREEMPT_FILE_VARIABLE] = str(marker)
+    if max_restarts:
+        # torch 2.13's c10d rendezvous lends its TCPStore to the workers and keeps the same
+        # one across restarts (dynamic_rendezvous.py creates it on the first round only),
+        # while init_process_group adds no per-attempt prefix ("a new TCPStore for every
+        # retry", rendezvous.py): restarted ranks read the dead ranks' addresses and gloo
+        # times out connecting to them (pytorch#135712). Unshared, rank 0 hosts a fresh store
+        # on a fresh port at every restart. Read by the agent in this process.
+        os.environ.setdefault(_SHARE_STORE_OFF, "1")
     _quiet_agent()
+    _set_handler(signal.SIGUSR1, _forward_to_workers)
+    failure: tuple[str, int] | None = None
     try:
-        run(parsed)
-    except ChildFailedError as err:
-        raise LaunchError(*_first_failure(err)) from None
-    except SignalException as err:  # Ctrl-C, or SLURM's SIGTERM at the time limit
-        raise LaunchError(f"stopped by {err.sigval.name}; the agent stopped every rank",
-                          128 + int(err.sigval)) from None
+        try:
+            run(parsed)
+        except ChildFailedError as err:
+            _ignore_late_signals()
+            failure = _first_failure(err, max_restarts)
+        except SignalException as err:  # Ctrl-C, or SLURM's SIGTERM at the time limit
+            _ignore_late_signals()
+            failure = (f"stopped by {err.sigval.name}; the agent stopped every rank",
+                       128 + int(err.sigval))
+        else:
+            _ignore_late_signals()
+        # touched only after the checkpoint is complete (preemption.exit_preempted), so a
+        # rank failing after it (or the agent's SIGTERM) does not undo it
+        preempted = marker.exists()
     finally:
-        os.environ.pop(_LAUNCHED, None)
+        for name, value in saved_env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        shutil.rmtree(marker_dir, ignore_errors=True)
+    if preempted:
+        raise LaunchError(f"preempted: the run saved a checkpoint and stopped; exit code "
+                          f"{PREEMPTED_EXIT_CODE} asks the scheduler to requeue it (it resumes "
+                          "from that checkpoint with --resume auto)", PREEMPTED_EXIT_CODE)
+    if failure is not None:
+        raise LaunchError(*failure)
+
+
+def _set_handler(signum: int, handler) -> None:
+    """``signal.signal``, which Python allows only in the main thread (elsewhere torchrun warns
+    that it cannot stop its workers on a signal either)."""
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signum, handler)
+
+
+def _ignore_late_signals() -> None:
+    """Once the workers are gone, the outcome is decided: a SIGTERM now (SLURM's
+    ``--kill-on-bad-exit`` when another node's launcher exited 75 a moment earlier, which srun
+    would report over that 75) must neither kill the launcher nor raise torchrun's
+    ``SignalException`` out of the code choosing the exit code."""
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
+        _set_handler(signum, signal.SIG_IGN)
+
+
+def _forward_to_workers(signum: int, frame) -> None:  # noqa: ARG001 - signal handler signature
+    """SIGUSR1 to the launcher goes to each worker process: torchrun starts every worker with
+    ``start_new_session=True``, so signals to the launcher's process group never reach them,
+    and its agent handles only the signals that end the run. To the worker alone (``os.kill``),
+    not its process group as torchrun's SIGTERM goes: data-loader worker processes there would
+    die of an unhandled SIGUSR1. Receiving it twice (SLURM also signals every process of the
+    step directly) is harmless: the workers' handler only sets a flag."""
+    pids = _worker_pids()
+    for pid in pids:
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:  # exited meanwhile
+            pass
+    # one write(2), not print(): a handler may run in the middle of another print
+    os.write(2, f"launcher: {signal.Signals(signum).name} forwarded to {len(pids)} worker "
+                f"process(es); they save after this step and stop\n".encode())
+
+
+def _worker_pids() -> list[int]:
+    """The launcher's worker processes: its children that lead a process group of their own
+    (torchrun's ``start_new_session``), found in /proc (Linux; elsewhere none)."""
+    me, pids = os.getpid(), []
+    try:
+        entries = [entry.name for entry in os.scandir("/proc") if entry.name.isdigit()]
+    except OSError:
+        return []
+    for name in entries:
+        try:
+            with open(f"/proc/{name}/stat") as stat:
+                # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == me and int(fields[2]) == int(name):
+            pids.append(int(name))
+    return pids
 
 
 def _quiet_agent() -> None:
@@ -119,14 +251,20 @@ def _quiet_agent() -> None:
             logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
-def _first_failure(err) -> tuple[str, int]:
-    """The earliest UserError of any rank, else the first rank's exit code or signal."""
-    failures = sorted(err.failures.items(), key=lambda item: (item[1].timestamp, item[0]))
+def _first_failure(err, max_restarts: int = 0) -> tuple[str, int]:
+    """The earliest UserError of any rank, else the first rank's exit code or signal. The
+    agent records the ranks it SIGTERMed after the first failure as failed too, with times in
+    whole seconds: within a second, a rank ended by the agent's SIGTERM comes last."""
+    failures = sorted(err.failures.items(), key=lambda item: (
+        item[1].timestamp, item[1].exitcode == -signal.SIGTERM, item[0]))
     for _rank, failure in failures:
         if isinstance(failure.error_file_data, dict) and failure.error_file_data.get(_MARK):
             return failure.message, max(failure.exitcode, 1)
     rank, failure = failures[0]
     how = (f"signal {failure.signal_name()}" if failure.exitcode < 0
            else f"exit code {failure.exitcode}")
-    return (f"rank {rank} failed ({how}); its output above says why",
+    # the agent gives up only when the restarts are spent
+    spent = (f" after {max_restarts} restart{'s' if max_restarts > 1 else ''}"
+             if max_restarts else "")
+    return (f"rank {rank} failed ({how}){spent}; its output above says why",
             failure.exitcode if failure.exitcode > 0 else 1)
