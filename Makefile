@@ -10,7 +10,7 @@ DEMO   := build/demo
 STAMP     := $(VENV)/.installed-dev
 STAMP_CMP := $(VENV)/.installed-compat
 
-.PHONY: demo test lint bench-tokenize bench-readers bench-build-index bench-inspect bench-train bench-step-parts bench-parallel clean
+.PHONY: demo test lint bench-tokenize bench-readers bench-build-index bench-inspect bench-train bench-step-parts bench-parallel bench-checkpoint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -74,6 +74,10 @@ bench-step-parts: $(STAMP)
 # 350M/1.3B recipes: benchmarks/gpu_throughput.sh, on a machine with GPUs)
 bench-parallel: $(STAMP)
 	$(BIN)/python benchmarks/bench_parallel.py
+
+# checkpoint stall: sync save vs async (DCP async_save + manifest), against disk and copy limits
+bench-checkpoint: $(STAMP)
+	$(BIN)/python benchmarks/bench_checkpoint.py
 
 clean:
 	rm -rf build $(VENV)

@@ -4,66 +4,131 @@
   when the model is, and loadable into another layout (issue [5] reshards through it);
 - ``trainer_state.json``: step, consumed samples and tokens, bad-step counters, loss-scaler
   state; the LR schedule is a function of these counters, so it needs nothing more;
-- ``rng.pt``: the python, numpy, torch (and CUDA) generator states;
-- ``config.toml``: the resolved config the run was started with.
+- ``rng.json``: the python, numpy, torch (and CUDA) generator states, as plain JSON (no
+  pickle: loading a checkpoint must not run code from it);
+- ``config.toml``: the resolved config the run was started with;
+- ``manifest.json``, written last: every other file's size and sha256
+  (``checkpoint_manifest.py``).
 
-A checkpoint is written into a hidden ``.step_N.partial`` folder and renamed when complete:
-a crash leaves no folder that looks like a checkpoint. ``latest_checkpoint`` only returns
-complete ones; older ones beyond ``keep_last`` are deleted after each save.
+A checkpoint is written into a hidden ``.step_N.partial`` folder, its files fsync'ed, the
+manifest written, and the folder renamed: a crash leaves no folder that looks like a
+checkpoint, and a folder damaged later is caught by its manifest. ``latest_checkpoint``
+returns the newest checkpoint that verifies; older ones beyond ``keep_last`` are deleted after
+each save, stale partial folders at the start of the next one.
+
+Saving is two halves around the DCP write, shared by the synchronous ``save_checkpoint`` and
+the background ``AsyncCheckpointer`` (``checkpoint_async.py``): ``begin_save`` snapshots the
+small state and prepares the folder, ``finish_save`` completes it.
 """
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import json
+import os
 import random
 import re
 import shutil
+import sys
 import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from bloomline.common.config import config_from_dict, to_toml
 from bloomline.common.errors import UserError
+from bloomline.trainer import faults
+from bloomline.trainer.checkpoint_manifest import (
+    MANIFEST,
+    fsync_dir,
+    verify_checkpoint,
+    write_manifest,
+)
 
-__all__ = ["latest_checkpoint", "load_checkpoint", "save_checkpoint", "load_config_of",
-           "check_compatible"]
+if TYPE_CHECKING:
+    from bloomline.trainer.checkpoint_async import AsyncCheckpointer
+
+__all__ = ["AsyncCheckpointer", "latest_checkpoint", "list_checkpoints", "load_checkpoint",
+           "save_checkpoint", "load_config_of", "check_compatible", "verify_checkpoint"]
 
 _NAME = re.compile(r"^step_(\d{8})$")
+_PARTIAL = re.compile(r"^\.step_\d{8}\.partial$")
 STATE_FILE = "trainer_state.json"
+RNG_FILE = "rng.json"
+CONFIG_FILE = "config.toml"
+
+# DCP warns on every call without a process group that it assumes a single process; that is
+# intended here. A process-wide filter for the async save, which calls DCP from a background
+# thread (a catch_warnings block is not thread-safe and is gone by then); ``_quiet`` for the
+# calls in this thread, where a test harness may have reset the filters.
+_DCP_SINGLE_PROCESS = ".*torch.distributed is disabled.*"
+warnings.filterwarnings("ignore", message=_DCP_SINGLE_PROCESS)
 
 
-def _dcp():
-    import torch.distributed.checkpoint as dcp
-
-    return dcp
-
-
-def _quiet():
-    """DCP warns on every call that it runs without a process group; that is intended here."""
-    context = warnings.catch_warnings()
-    context.__enter__()
-    warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
-    return context
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_DCP_SINGLE_PROCESS)
+        yield
 
 
-def _rng_state() -> dict:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(),
-             "torch": torch.get_rng_state()}
+def __getattr__(name: str):
+    # AsyncCheckpointer lives in checkpoint_async.py, which builds on this module: imported
+    # on first use, so that either module can be imported first
+    if name == "AsyncCheckpointer":
+        from bloomline.trainer.checkpoint_async import AsyncCheckpointer
+
+        return AsyncCheckpointer
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _distributed() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+# -- RNG states as JSON ------------------------------------------------------------------------
+def _b64(state: torch.Tensor) -> str:
+    return base64.b64encode(state.numpy().tobytes()).decode("ascii")
+
+
+def _from_b64(text: str) -> torch.Tensor:
+    return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8)
+
+
+def rng_state() -> dict:
+    """This process's generator states as plain JSON values (ints, lists, strings): Python's
+    Mersenne Twister, numpy's legacy global generator, torch's CPU (and CUDA) generators.
+    Floats (the cached Gaussians) survive JSON exactly: ``json`` writes their shortest
+    round-tripping repr."""
+    version, internal, gauss_next = random.getstate()
+    name, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+    state = {"python": {"version": version, "state": list(internal), "gauss_next": gauss_next},
+             "numpy": {"name": name, "keys": keys.tolist(), "pos": int(pos),
+                       "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+             "torch": _b64(torch.get_rng_state())}
     if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        state["cuda"] = [_b64(s) for s in torch.cuda.get_rng_state_all()]
     return state
 
 
-def _set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
+def set_rng_state(state: dict) -> None:
+    """Restore what :func:`rng_state` returned, bit for bit."""
+    python, numpy_state = state["python"], state["numpy"]
+    random.setstate((python["version"], tuple(python["state"]), python["gauss_next"]))
+    np.random.set_state((numpy_state["name"], np.array(numpy_state["keys"], dtype=np.uint32),
+                         numpy_state["pos"], numpy_state["has_gauss"],
+                         numpy_state["cached_gaussian"]))
+    torch.set_rng_state(_from_b64(state["torch"]))
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        torch.cuda.set_rng_state_all([_from_b64(s) for s in state["cuda"]])
 
 
+# -- saving ------------------------------------------------------------------------------------
 def _options():
     """Optimizer state flattened to one entry per parameter name (``state.NAME.exp_avg``,
     ``param_groups.NAME.lr``): pipeline stages hold different parameter groups, and DCP would
@@ -74,59 +139,157 @@ def _options():
     return StateDictOptions(flatten_optimizer_state_dict=True)
 
 
-def save_checkpoint(run_dir: str | Path, step: int, model, optimizer, trainer_state: dict,
-                    config, keep_last: int, is_writer: bool = True) -> Path:
-    """Write checkpoint ``step`` atomically and prune to the newest ``keep_last``."""
+def saved_state_dict(model, optimizer) -> dict:
+    """What DCP writes: {"model": ..., "optim": ...} (live tensors, not copies)."""
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    root = Path(run_dir) / "checkpoints"
-    final = root / f"step_{step:08d}"
-    partial = root / f".step_{step:08d}.partial"
-    if is_writer:
-        shutil.rmtree(partial, ignore_errors=True)
-        # exist_ok: the other ranks' DCP writers create it too, maybe first (before planning)
-        partial.mkdir(parents=True, exist_ok=True)
     model_state, optim_state = get_state_dict(model, optimizer, options=_options())
-    context = _quiet()
-    try:
-        _dcp().save({"model": model_state, "optim": optim_state}, checkpoint_id=str(partial))
-    finally:
-        context.__exit__(None, None, None)
+    return {"model": model_state, "optim": optim_state}
+
+
+@dataclass
+class PendingSave:
+    """A save between ``begin_save`` and ``finish_save``: its folders and the small files,
+    serialized when the save began (so that an async save records the state of its step,
+    not of the step at which it completes)."""
+
+    root: Path
+    step: int
+    keep_last: int
+    is_writer: bool
+    files: dict[str, bytes]
+
+    @property
+    def partial(self) -> Path:
+        return self.root / f".step_{self.step:08d}.partial"
+
+    @property
+    def final(self) -> Path:
+        return self.root / f"step_{self.step:08d}"
+
+
+def begin_save(run_dir: str | Path, step: int, trainer_state: dict, config, keep_last: int,
+               is_writer: bool) -> PendingSave:
+    """Snapshot the trainer state, RNG states and config, and give the writer an empty
+    partial folder (stale ones of killed saves are removed: no save is in flight now)."""
+    pending = PendingSave(Path(run_dir) / "checkpoints", step, keep_last, is_writer, files={
+        STATE_FILE: json.dumps(trainer_state, indent=1).encode(),
+        RNG_FILE: json.dumps(rng_state()).encode(),
+        CONFIG_FILE: to_toml(config).encode()})
     if is_writer:
-        (partial / STATE_FILE).write_text(json.dumps(trainer_state, indent=1))
-        torch.save(_rng_state(), partial / "rng.pt")
-        (partial / "config.toml").write_text(to_toml(config))
+        if pending.root.is_dir():
+            for stale in pending.root.iterdir():
+                if _PARTIAL.match(stale.name):
+                    shutil.rmtree(stale, ignore_errors=True)
+        # exist_ok: the other ranks' DCP writers create it too, maybe first (before planning;
+        # they write nothing before the planning collective, which this rank joins after)
+        pending.partial.mkdir(parents=True, exist_ok=True)
+    return pending
+
+
+def _write_synced(path: Path, data: bytes) -> None:
+    with open(path, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def finish_save(pending: PendingSave, group=None) -> Path:
+    """Complete a save whose tensors every rank has written: the small files, the manifest
+    (hashing shared over the ranks), the rename, the pruning. Collective when the process
+    group is up; ``group`` is the one to use (an async save passes its own: the training
+    thread uses the default group meanwhile)."""
+    if pending.is_writer:
+        for name, data in pending.files.items():
+            _write_synced(pending.partial / name, data)
+    faults.fire("save", step=pending.step)
+    write_manifest(pending.partial, pending.step, pending.is_writer, group)
+    if pending.is_writer:
+        final = pending.final
         if final.exists():  # a re-run of the same step replaces it
             shutil.rmtree(final)
-        partial.rename(final)
-        for old in sorted(_complete(root))[:-keep_last] if keep_last > 0 else []:
+        pending.partial.rename(final)
+        fsync_dir(pending.root)
+        kept = list_checkpoints(pending.root.parent)
+        for old in kept[:-pending.keep_last] if pending.keep_last > 0 else []:
             shutil.rmtree(old, ignore_errors=True)
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
+    if _distributed():
         # no rank returns before the writer has renamed the folder: a rank that went on to
         # load it, list it or exit (ending the job) would otherwise race the rename
-        torch.distributed.barrier()
-    return final
+        torch.distributed.barrier(group=group)
+    return pending.final
 
 
-def _complete(root: Path) -> list[Path]:
+def save_checkpoint(run_dir: str | Path, step: int, model, optimizer, trainer_state: dict,
+                    config, keep_last: int, is_writer: bool = True) -> Path:
+    """Write checkpoint ``step`` (verified by its manifest) and prune to the newest
+    ``keep_last``; returns its folder. Every rank calls it (DCP is collective); the training
+    stalls until the checkpoint is on disk (``AsyncCheckpointer`` does not)."""
+    import torch.distributed.checkpoint as dcp
+
+    pending = begin_save(run_dir, step, trainer_state, config, keep_last, is_writer)
+    with _quiet():
+        dcp.save(saved_state_dict(model, optimizer), checkpoint_id=str(pending.partial))
+    return finish_save(pending)
+
+
+# -- finding -----------------------------------------------------------------------------------
+def list_checkpoints(run_dir: str | Path) -> list[Path]:
+    """Checkpoint folders of a run that look complete (named ``step_N``, with a manifest),
+    oldest first. Cheap: nothing is read or verified (``latest_checkpoint`` verifies)."""
+    root = Path(run_dir) / "checkpoints"
     if not root.is_dir():
         return []
-    return [p for p in root.iterdir()
-            if _NAME.match(p.name) and (p / STATE_FILE).is_file() and (p / ".metadata").is_file()]
+    found = [p for p in root.iterdir() if _NAME.match(p.name) and (p / MANIFEST).is_file()]
+    return sorted(found, key=lambda p: int(p.name[5:]))
 
 
-def latest_checkpoint(run_dir: str | Path) -> Path | None:
-    found = sorted(_complete(Path(run_dir) / "checkpoints"))
-    return found[-1] if found else None
+def _log_on_first_rank(line: str) -> None:
+    if not _distributed() or torch.distributed.get_rank() == 0:
+        print(line, file=sys.stderr, flush=True)
 
 
+def latest_checkpoint(run_dir: str | Path, before_step: int | None = None,
+                      log: Callable[[str], object] | None = None, group=None) -> Path | None:
+    """The newest checkpoint of a run that verifies, or None.
+
+    Each newer one that does not verify is logged once with its first problem and skipped.
+    Collective when the process group is up (verification shares the hashing): all ranks
+    call it and get the same answer.
+
+    Args:
+        run_dir: The run folder (``train.run_dir``).
+        before_step: Only consider checkpoints of steps below this one.
+        log: Where the fallback lines go; None: stderr on the first rank.
+        group: Process group for the collectives (None: the default group).
+
+    Returns:
+        The checkpoint folder, or None when no checkpoint verifies.
+    """
+    candidates = [p for p in list_checkpoints(run_dir)
+                  if before_step is None or int(p.name[5:]) < before_step]
+    if _distributed():  # every rank must verify the same folders, in the same order
+        box = [candidates]
+        torch.distributed.broadcast_object_list(
+            box, src=torch.distributed.get_global_rank(group, 0) if group else 0, group=group)
+        candidates = box[0]
+    for path in reversed(candidates):
+        problems = verify_checkpoint(path, group)
+        if not problems:
+            return path
+        (log or _log_on_first_rank)(f"checkpoint {path}: damaged ({problems[0]}); falling "
+                                    "back to the previous one")
+    return None
+
+
+# -- loading -----------------------------------------------------------------------------------
 def load_config_of(checkpoint: str | Path, config_cls):
     """The resolved config a checkpoint was written with."""
     import tomllib
 
-    path = Path(checkpoint) / "config.toml"
+    path = Path(checkpoint) / CONFIG_FILE
     if not path.is_file():
-        raise UserError(f"{checkpoint}: not a bloomline checkpoint (no config.toml)")
+        raise UserError(f"{checkpoint}: not a bloomline checkpoint (no {CONFIG_FILE})")
     return config_from_dict(config_cls, tomllib.loads(path.read_text()), str(path))
 
 
@@ -147,33 +310,43 @@ def check_compatible(saved, current, checkpoint: Path) -> None:
                         + "; ".join(fields))
 
 
-def load_checkpoint(checkpoint: str | Path, model, optimizer=None) -> dict:
-    """Load model (and optimizer) state and the RNG states; returns the trainer state."""
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+def load_checkpoint(checkpoint: str | Path, model, optimizer=None, verified: bool = False,
+                    group=None) -> dict:
+    """Load model (and optimizer) state and the RNG states; returns the trainer state.
+
+    The checkpoint is verified against its manifest first (DCP unpickles ``.metadata``: a
+    damaged or swapped file must be refused before that), unless the caller has just done so
+    (``latest_checkpoint`` returns verified checkpoints: pass ``verified=True``). Collective
+    when the process group is up.
+
+    Raises:
+        UserError: The checkpoint does not verify (names its first problem).
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        set_model_state_dict,
+        set_state_dict,
+    )
 
     checkpoint = Path(checkpoint)
-    state_path = checkpoint / STATE_FILE
-    if not state_path.is_file():
-        raise UserError(f"{checkpoint}: not a complete checkpoint (no {STATE_FILE})")
+    if not verified:
+        problems = verify_checkpoint(checkpoint, group)
+        if problems:
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            raise UserError(f"{checkpoint}: damaged or incomplete checkpoint: {problems[0]}"
+                            f"{more}; run `trainer verify-checkpoint {checkpoint}`")
     if optimizer is None:
-        from torch.distributed.checkpoint.state_dict import (
-            get_model_state_dict,
-            set_model_state_dict,
-        )
-
         state = {"model": get_model_state_dict(model)}
     else:
-        model_state, optim_state = get_state_dict(model, optimizer, options=_options())
-        state = {"model": model_state, "optim": optim_state}
-    context = _quiet()
-    try:
-        _dcp().load(state, checkpoint_id=str(checkpoint))
-    finally:
-        context.__exit__(None, None, None)
+        state = saved_state_dict(model, optimizer)
+    with _quiet():
+        dcp.load(state, checkpoint_id=str(checkpoint))
+    trainer_state = json.loads((checkpoint / STATE_FILE).read_text())
     if optimizer is None:
         set_model_state_dict(model, state["model"])
-        return json.loads(state_path.read_text())
+        return trainer_state
     set_state_dict(model, optimizer, model_state_dict=state["model"],
                    optim_state_dict=state["optim"], options=_options())
-    _set_rng_state(torch.load(checkpoint / "rng.pt", weights_only=False))
-    return json.loads(state_path.read_text())
+    set_rng_state(json.loads((checkpoint / RNG_FILE).read_text()))
+    return trainer_state

@@ -274,14 +274,16 @@ class Trainer:
             return None
         if not path.is_dir():
             raise UserError(f"checkpoint.resume {setting}: no such checkpoint folder")
-        self.load(path)
+        self.load(path, verified=setting == "auto")
         return path
 
-    def load(self, path: Path) -> None:
-        """Model, optimizer, RNG and trainer state from the checkpoint ``path``."""
+    def load(self, path: Path, verified: bool = False) -> None:
+        """Model, optimizer, RNG and trainer state from the checkpoint ``path``;
+        ``verified``: its manifest was just checked (by ``latest_checkpoint``), skip hashing
+        it a second time."""
         saved = ckpt.load_config_of(path, Config)
         ckpt.check_compatible(saved, self.cfg, path)
-        self.state = ckpt.load_checkpoint(path, self.model, self.optimizer)
+        self.state = ckpt.load_checkpoint(path, self.model, self.optimizer, verified=verified)
         self.precision.load_state_dict(self.state.get("loss_scale", {}))
         self.guard.detector.load_state_dict(self.state.get("spike_history", {}))
         self._merge_skips()
@@ -487,7 +489,7 @@ class Trainer:
                             f"has rolled back spike.max_rollbacks = {cfg.spike.max_rollbacks}"
                             f" times already; see {self.run_dir / ROLLBACKS_FILE}, lower "
                             "optimizer.lr or skip more data (train.skip_samples)")
-        self.load(target)
+        self.load(target, verified=True)
         start, end = skip_range(cfg, self.state["step"], self.state["consumed_samples"],
                                 step, self.skips, self.layout.dp)
         self.skips.add(start, end)
