@@ -286,7 +286,12 @@ class Trainer:
         self.state = ckpt.load_checkpoint(path, self.model, self.optimizer, verified=verified)
         self.precision.load_state_dict(self.state.get("loss_scale", {}))
         self.guard.detector.load_state_dict(self.state.get("spike_history", {}))
-        self._merge_skips()
+        # the skips in force and the checkpoint's (at a rollback the former hold the latter).
+        # RUN/rollbacks.json is not read here but once in run(), after a resume: at a
+        # rollback rank 0 may have written this rollback's range into it already, and a rank
+        # that read it would compute the range against other skips than the others (a hang)
+        self.skips = SkipRanges([*self.skips.to_list(), *self.state.get("skip_samples", [])])
+        self.state["skip_samples"] = self.skips.to_list()
 
     def _merge_skips(self) -> None:
         """The skips in force: the config's, the checkpoint's, and those of rollbacks after
