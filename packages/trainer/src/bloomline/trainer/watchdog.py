@@ -100,3 +100,7 @@ class Watchdog:
             self._file.close()
             self._file = None
             self.path.unlink(missing_ok=True)
+            try:  # and no empty folder; earlier reports (renamed aside) keep it
+                self.path.parent.rmdir()
+            except OSError:
+                pass
