@@ -38,7 +38,7 @@ from bloomline.dataprep.demo_corpus import iter_stdlib_documents
 from bloomline.dataprep.indexed_dataset import write_index
 from bloomline.dataprep.pipeline import tokenize_corpus
 from bloomline.dataprep.sources import expand_inputs, iter_chunks
-from bloomline.dataprep.tokenizer import Tokenizer, train_tokenizer
+from bloomline.dataprep.tokenizer import Tokenizer, load_tokenizer, train_tokenizer
 
 # Sentences outside the tokenizer's usual alphabet: rare enough in the corpus that many of
 # their characters go through SentencePiece's byte-fallback path.
@@ -95,7 +95,7 @@ def encode_all(batches: list[list[str]], encode) -> int:
 
 
 def _limit_worker(model: str, batches: list[list[str]], tasks, results) -> None:
-    tok = Tokenizer(model)
+    tok = load_tokenizer(model)
     results.put(0)  # ready: the model is loaded, the texts are in memory
     while (index := tasks.get()) is not None:
         results.put(sum(map(len, tok.encode_batch(batches[index]))))
@@ -194,7 +194,7 @@ def main() -> int:
         print(f"training a {args.vocab_size}-piece tokenizer on it ...", flush=True)
         train_tokenizer([str(corpus)], model.with_suffix(""), args.vocab_size,
                         max_sentences=300_000, overwrite=True)
-    tok = Tokenizer(model)
+    tok = load_tokenizer(model)
 
     batches, stats = load_batches(corpus)
     jsonl_bytes, text_bytes = corpus.stat().st_size, stats["text_bytes"]

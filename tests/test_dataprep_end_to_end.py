@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bloomline.dataprep import IndexedDataset, Tokenizer
+from bloomline.dataprep import IndexedDataset, load_tokenizer
 
 
 def test_demo_corpus_to_token_files_and_merge(tmp_path, cli):
@@ -26,7 +26,7 @@ def test_demo_corpus_to_token_files_and_merge(tmp_path, cli):
 
     one = IndexedDataset(corpus / "one")
     assert one.dtype == np.uint16 and one.num_documents > 100
-    text = Tokenizer(f"{tok}.model").decode(one[0][:-1])
+    text = load_tokenizer(f"{tok}.model").decode(one[0][:-1])
     assert len(text) > 40  # real text came through, not ids of nothing
 
     result = cli("merge", corpus / "one", corpus / "two", "--output", corpus / "both")

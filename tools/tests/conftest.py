@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bloomline.dataprep import IndexedDatasetWriter, Tokenizer
+from bloomline.dataprep import IndexedDatasetWriter, Tokenizer, load_tokenizer
 from bloomline.tools.cli import main
 
 TEXTS = [
@@ -57,7 +57,7 @@ def write_token_file(prefix: Path, tokenizer: Tokenizer, texts: list[str],
 def corpus(tmp_path_factory, tiny_tokenizer) -> dict:
     """A folder with datasets ``a`` (40 documents + 2 empty) and ``b`` (25 documents)."""
     folder = tmp_path_factory.mktemp("inspect") / "corpus"
-    tokenizer = Tokenizer(tiny_tokenizer)
+    tokenizer = load_tokenizer(tiny_tokenizer)
     docs_a = write_token_file(folder / "a", tokenizer, _texts(40, seed=1), empty_at=(0, 17))
     docs_b = write_token_file(folder / "b", tokenizer, _texts(25, seed=2))
     return {"dir": folder, "a": folder / "a", "b": folder / "b", "docs_a": docs_a,

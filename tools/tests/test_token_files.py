@@ -15,7 +15,7 @@ import pytest
 
 import bloomline.tools.corpus as corpus_module
 import bloomline.tools.token_stats as token_stats_module
-from bloomline.dataprep import IndexedDataset, IndexedDatasetWriter, Tokenizer
+from bloomline.dataprep import IndexedDataset, IndexedDatasetWriter, load_tokenizer
 
 HEADER = 34  # bytes of the MMIDIDX header: magic 9, version 8, dtype 1, counts 8 + 8
 
@@ -157,7 +157,7 @@ def test_show_decodes_a_document_or_prints_ids(corpus, inspect):
     """Catches: document N read from sequence N (wrong after an empty document), the EOD
     dropped silently, or ids printed from the wrong offset."""
     docs = corpus["docs_a"]
-    tokenizer = Tokenizer(corpus["tokenizer"])
+    tokenizer = load_tokenizer(corpus["tokenizer"])
     number = 19  # after the empty documents 0 and 18: sequence 17
     code, out, _ = inspect("show", corpus["a"], "--doc", number, "--json")
     result = json.loads(out)
@@ -195,7 +195,7 @@ def test_tokens_histogram_figures(corpus, inspect):
     assert [row["count"] for row in result["top"]] == sorted(counts, reverse=True)[:5]
     assert result["top"][0]["id"] == int(np.argmax(counts))
     assert result["eod_count"] == len(corpus["docs_b"])
-    byte_ids = [i for i in range(512) if Tokenizer(corpus["tokenizer"]).id_to_piece(i)
+    byte_ids = [i for i in range(512) if load_tokenizer(corpus["tokenizer"]).id_to_piece(i)
                 .startswith("<0x")]
     assert result["byte_fallback_tokens"] == counts[byte_ids].sum() > 0  # the emoji
     assert result["unused_ids"] == np.count_nonzero(counts == 0)

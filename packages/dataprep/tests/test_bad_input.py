@@ -103,7 +103,7 @@ def test_parquet_without_the_column(tmp_path, tiny_tokenizer, cli):
 
 
 @pytest.mark.parametrize(("model", "message"), [
-    ("absent.model", "absent.model: tokenizer model not found"),
+    ("absent.model", "absent.model: tokenizer not found"),
     ("garbage.model", "garbage.model: not a readable SentencePiece model"),
 ])
 def test_unreadable_tokenizer(tmp_path, cli, model, message):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import zstandard
 
-from bloomline.dataprep import IndexedDataset, Tokenizer, tokenize_corpus
+from bloomline.dataprep import IndexedDataset, Tokenizer, load_tokenizer, tokenize_corpus
 from conftest import UNICODE_TEXTS
 
 TEXTS = [f"Document {i}: " + "the quick brown fox " * (i % 7) + UNICODE_TEXTS[i % 5]
@@ -18,7 +18,7 @@ TEXTS[5] = ""  # an empty document: no sequence, a repeated boundary (Megatron's
 
 
 def _expected(tokenizer_path, texts, append_eod=True):
-    tok = Tokenizer(tokenizer_path)
+    tok = load_tokenizer(tokenizer_path)
     out = []
     for text in texts:
         ids = [int(i) for i in tok.encode_batch([text])[0]]
@@ -61,8 +61,9 @@ def test_jsonl_matches_direct_encoding_and_workers_give_identical_bytes(tmp_path
     summary = summaries[2]
     assert summary.num_documents == len(TEXTS) and summary.num_empty == {"text": 1}
     assert summary.num_tokens["text"] == IndexedDataset(tmp_path / "w2").num_tokens
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "w1.bin", "w1.idx",
-                                                          "w2.bin", "w2.idx"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "in.jsonl", "w1.bin", "w1.fingerprint.json", "w1.idx",
+        "w2.bin", "w2.fingerprint.json", "w2.idx"]
 
 
 def _write_formats(folder, texts):
@@ -145,7 +146,7 @@ def test_unicode_survives_tokenize_and_decode(tmp_path, tiny_tokenizer):
     src = tmp_path / "u.jsonl"
     src.write_bytes(_jsonl_bytes(UNICODE_TEXTS))
     tokenize_corpus([str(src)], str(tiny_tokenizer), str(tmp_path / "u"), show_progress=False)
-    tok = Tokenizer(tiny_tokenizer)
+    tok = load_tokenizer(tiny_tokenizer)
     ds = IndexedDataset(tmp_path / "u")
     for i, text in enumerate(UNICODE_TEXTS):
         tokens = ds[i]

@@ -7,13 +7,13 @@ import json
 import pytest
 
 from bloomline.common import UserError
-from bloomline.dataprep import Tokenizer, train_tokenizer
+from bloomline.dataprep import load_tokenizer, train_tokenizer
 from conftest import UNICODE_TEXTS
 
 
 def test_special_tokens_have_the_documented_ids(tiny_tokenizer):
     """Catches: EOD/PAD missing or moved (the trainer and HF export rely on these ids)."""
-    tok = Tokenizer(tiny_tokenizer)
+    tok = load_tokenizer(tiny_tokenizer)
     assert [tok.id_to_piece(i) for i in range(4)] == ["<unk>", "<s>", "</s>", "<pad>"]
     assert tok.eod_id == 2 and tok.pad_id == 3 and tok.vocab_size == 512
 
@@ -21,7 +21,7 @@ def test_special_tokens_have_the_documented_ids(tiny_tokenizer):
 def test_byte_fallback_and_exact_round_trip(tiny_tokenizer):
     """Catches: characters never seen in training becoming <unk> (lost text), or
     normalization rewriting the text (NFKC, collapsed spaces)."""
-    tok = Tokenizer(tiny_tokenizer)
+    tok = load_tokenizer(tiny_tokenizer)
     unseen = "Runes ᚠᚢᚦ and math 𝔘𝔫𝔦𝔠𝔬𝔡𝔢, fullwidth ＡＢＣ,   three spaces, ﬁ ligature"
     for text in [*UNICODE_TEXTS, unseen]:
         ids = [int(i) for i in tok.encode_batch([text])[0]]
@@ -41,7 +41,7 @@ def test_train_refuses_impossible_vocab_with_one_line(tmp_path):
 
 def test_train_samples_a_bounded_number_of_lines(tmp_path):
     """Catches: max_sentences ignored (memory growing with the input)."""
-    import bloomline.dataprep.tokenizer as module
+    import bloomline.dataprep.tokenizer.training as module
 
     seen = []
     real_reservoir = module._reservoir
@@ -61,12 +61,12 @@ def test_train_samples_a_bounded_number_of_lines(tmp_path):
     finally:
         module._reservoir = original
     assert seen == [1000]  # 6000 lines offered, 1000 kept
-    assert Tokenizer(tmp_path / "t.model").vocab_size == 300
+    assert load_tokenizer(tmp_path / "t.model").vocab_size == 300
 
 
 def test_reservoir_is_uniform_enough_and_deterministic():
     """Catches: a 'sample' that is just the first N lines (biased towards the first files)."""
-    from bloomline.dataprep.tokenizer import _reservoir
+    from bloomline.dataprep.tokenizer.training import _reservoir
 
     sample = _reservoir(iter(range(100_000)), 1000, seed=3)
     assert sample == _reservoir(iter(range(100_000)), 1000, seed=3)

@@ -50,11 +50,11 @@ def test_pretrain_generate_export_import_from_the_command_line(tmp_path):
                 "--max-new-tokens", "8", cwd=tmp_path)
     # 8 greedy tokens follow the prompt (a barely trained model may pick spaces)
     assert text.startswith("The ") and len(text.rstrip("\n")) > len("The ")
-    from bloomline.dataprep.tokenizer import Tokenizer
+    from bloomline.dataprep.tokenizer import load_tokenizer
     from bloomline.trainer.generate import continuation_text
 
     # the continuation's first word keeps its space: "The history of" + " the", not "ofthe"
-    tok = Tokenizer(str(tmp_path / "tok/demo.model"))
+    tok = load_tokenizer(str(tmp_path / "tok/demo.model"))
     prompt_ids, new_ids = ([int(i) for i in ids] for ids in
                            tok.encode_batch(["The history of", "the world"]))
     assert continuation_text(tok, prompt_ids, new_ids) == " the world"

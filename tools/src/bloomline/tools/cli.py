@@ -25,7 +25,9 @@ app = typer.Typer(
 )
 
 _JSON = typer.Option(False, "--json", help="Print one JSON document instead of text.")
-_TOKENIZER = typer.Option(None, help="SentencePiece .model to decode with (default: ids).")
+_TOKENIZER = typer.Option(
+    None, help="Tokenizer to decode with: SentencePiece .model, tokenizer.json (or its folder), "
+    ".tiktoken file or tiktoken:NAME (default: ids).")
 _FROM = typer.Option("train", "--from",
                      help="Split to read: train, valid or test (--split gives their shares).")
 
@@ -71,7 +73,8 @@ def summary(
 def verify(
     path: str = typer.Argument(..., help="Token file prefix corpus/NAME, or a corpus folder."),
     tokenizer: str = typer.Option(
-        None, help="SentencePiece .model: every token id must be below its vocabulary size."),
+        None, help="The corpus's tokenizer (.model, tokenizer.json, .tiktoken, tiktoken:NAME): "
+        "every token id must be below its vocabulary size."),
     json_output: bool = _JSON,
 ) -> None:
     """Full integrity check: exit 0, or the reason and exit 1.
@@ -155,7 +158,8 @@ def blend(
 @app.command()
 def tokens(
     prefix: str = typer.Argument(..., help="Token file prefix corpus/NAME."),
-    tokenizer: str = typer.Option(..., help="SentencePiece .model of the file."),
+    tokenizer: str = typer.Option(
+        ..., help="The file's tokenizer (.model, tokenizer.json, .tiktoken, tiktoken:NAME)."),
     top: int = typer.Option(20, help="How many of the most frequent tokens to list."),
     json_output: bool = _JSON,
 ) -> None:

@@ -51,7 +51,8 @@ def count_tokens(prefix: str | os.PathLike, vocab: Vocabulary, top: int = 20) ->
         "tokens": total,
         "byte_fallback_tokens": int(histogram[vocab.is_byte].sum()),
         "byte_fallback_share": float(histogram[vocab.is_byte].sum() / total) if total else 0.0,
-        "eod_id": vocab.eod_id, "eod_count": int(histogram[vocab.eod_id]),
+        "eod_id": vocab.eod_id,
+        "eod_count": int(histogram[vocab.eod_id]) if vocab.eod_id is not None else 0,
         "unused_ids": int(unused.sum()), "unused_share": float(unused.mean()),
         "top": top_rows,
     }

@@ -1,9 +1,9 @@
 """A tokenizer as the tools need it: ids shown as text, with special tokens made visible.
 
-The model is loaded through dataprep's :class:`~bloomline.dataprep.tokenizer.Tokenizer` (its
-errors, its EOD id). That wrapper does not expose SentencePiece's piece types, so the model is
-opened a second time here to read them once for the whole vocabulary, as boolean arrays that
-numpy can index with a whole token array at once.
+Any tokenizer ``dataprep`` reads (SentencePiece, Hugging Face ``tokenizer.json``, tiktoken) is
+loaded through :func:`~bloomline.dataprep.tokenizer.load_tokenizer` (its errors, its EOD id).
+Which ids are control tokens or byte-fallback pieces is read once for the whole vocabulary,
+as boolean arrays that numpy can index with a whole token array at once.
 """
 
 from __future__ import annotations
@@ -13,33 +13,32 @@ import os
 import numpy as np
 
 from bloomline.common.errors import UserError
-from bloomline.dataprep.tokenizer import Tokenizer
+from bloomline.dataprep.tokenizer import load_tokenizer
 
 __all__ = ["Vocabulary"]
 
 
 class Vocabulary:
-    """A SentencePiece model with per-id piece types.
+    """A tokenizer with per-id flags (control token, byte-fallback piece).
 
     Args:
-        model_path: a ``.model`` file.
+        model_path: what ``--tokenizer`` takes (a ``.model``, a ``tokenizer.json`` or its
+            folder, a ``.tiktoken`` file or ``tiktoken:NAME``).
 
     Raises:
-        UserError: when the file is missing or not a SentencePiece model.
+        UserError: when it names no tokenizer we read.
     """
 
     def __init__(self, model_path: str | os.PathLike) -> None:
-        import sentencepiece as spm
-
-        self.tokenizer = Tokenizer(model_path)
-        self.model_path = self.tokenizer.model_path
+        self.tokenizer = load_tokenizer(model_path)
+        self.model_path = self.tokenizer.spec
         self.vocab_size = self.tokenizer.vocab_size
-        self.eod_id = self.tokenizer.eod_id
-        processor = spm.SentencePieceProcessor(model_file=self.model_path)
-        ids = list(range(self.vocab_size))  # one batched call per type, not one per id
-        self.is_byte = np.array(processor.IsByte(ids), dtype=bool)
-        # control pieces (<s>, </s>, <pad>) decode to nothing: shown as markers instead
-        self.is_control = np.array(processor.IsControl(ids), dtype=bool)
+        self.eod_id = self.tokenizer.special_ids.get("eod")
+        self.is_byte = np.zeros(self.vocab_size, dtype=bool)
+        self.is_byte[self.tokenizer.byte_ids()] = True
+        # control tokens (<s>, </s>, <pad>) decode to nothing: shown as markers instead
+        self.is_control = np.zeros(self.vocab_size, dtype=bool)
+        self.is_control[self.tokenizer.control_ids()] = True
 
     def piece(self, token_id: int) -> str:
         """The piece (string) of one id."""

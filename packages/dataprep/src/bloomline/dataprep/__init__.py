@@ -24,7 +24,7 @@ from bloomline.dataprep.indexed_dataset import (
     token_dtype_for_vocab,
 )
 from bloomline.dataprep.pipeline import TokenizeSummary, tokenize_corpus
-from bloomline.dataprep.tokenizer import Tokenizer, train_tokenizer
+from bloomline.dataprep.tokenizer import Tokenizer, load_tokenizer, train_tokenizer
 
 __all__ = [
     "BlendedSampleDataset",
@@ -39,6 +39,7 @@ __all__ = [
     "TokenizeSummary",
     "Tokenizer",
     "build_sample_index",
+    "load_tokenizer",
     "merge_indexed_datasets",
     "parse_split",
     "split_sequence_ranges",

@@ -36,6 +36,7 @@ from bloomline.dataprep.blending import (
     build_exhaustive_blend_indices,
     normalize_weights,
 )
+from bloomline.dataprep.fingerprint import check_same_tokenizer
 from bloomline.dataprep.gpt_samples import (
     SPLIT_NAMES,
     GPTSampleDataset,
@@ -119,8 +120,8 @@ def find_datasets(corpus_dir: str | os.PathLike) -> dict[str, IndexedDataset]:
     """Every ``NAME.idx`` (with its ``.bin``) in the folder, by name.
 
     Raises:
-        UserError: when the folder is missing, holds no ``.idx``, or their token dtypes
-            differ (samples of a blend would not share one dtype).
+        UserError: when the folder is missing, holds no ``.idx``, or their token dtypes or
+            recorded tokenizers differ (samples of a blend would not share one vocabulary).
     """
     corpus_dir = Path(corpus_dir)
     if not corpus_dir.is_dir():
@@ -137,7 +138,13 @@ def find_datasets(corpus_dir: str | os.PathLike) -> dict[str, IndexedDataset]:
             raise UserError(f"{dataset.idx_path}: tokens are {dataset.dtype}, but "
                             f"{first.idx_path} holds {first.dtype}; datasets of one corpus "
                             "must come from one tokenizer")
+    check_same_tokenizer({name: path_prefix(dataset) for name, dataset in datasets.items()})
     return datasets
+
+
+def path_prefix(dataset: IndexedDataset) -> str:
+    """``corpus/NAME`` of a dataset (its ``.idx`` without the suffix)."""
+    return str(dataset.idx_path)[: -len(".idx")]
 
 
 def parse_weights(values: list[str]) -> dict[str, float]:

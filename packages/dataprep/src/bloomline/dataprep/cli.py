@@ -39,8 +39,13 @@ def demo_corpus(
 def train_tokenizer(
     inputs: list[str] = typer.Argument(..., help="Files, globs or folders of raw text."),
     vocab_size: int = typer.Option(..., help="Number of pieces, special tokens included."),
-    output: str = typer.Option(..., help="Output prefix DIR/NAME: writes NAME.model/.vocab."),
-    model_type: str = typer.Option("bpe", help="bpe or unigram."),
+    output: str = typer.Option(
+        ..., help="sentencepiece: prefix DIR/NAME, writes NAME.model/.vocab; byte-bpe: a "
+        "folder, gets tokenizer.json and tokenizer_config.json."),
+    kind: str = typer.Option(
+        "sentencepiece", help="sentencepiece, or byte-bpe (BLOOM-style byte-level BPE, a "
+        "Hugging Face tokenizer.json)."),
+    model_type: str = typer.Option("bpe", help="sentencepiece only: bpe or unigram."),
     json_key: list[str] = typer.Option(["text"], help="JSON field(s) holding the text."),
     max_sentences: int = typer.Option(
         1_000_000, help="Lines sampled (uniformly) for training; bounds memory."),
@@ -49,10 +54,12 @@ def train_tokenizer(
     seed: int = typer.Option(0, help="Seed of the line sample."),
     overwrite: bool = typer.Option(False, help="Replace an existing model."),
 ) -> None:
-    """Train a SentencePiece model (byte fallback, EOD and PAD special tokens)."""
+    """Train a tokenizer: SentencePiece (byte fallback) or a BLOOM-style byte-level BPE, with
+    <unk> 0, <s> 1, </s> 2 (EOD), <pad> 3."""
     from bloomline.dataprep.tokenizer import train_tokenizer as train
 
-    path = train(inputs, output, vocab_size, model_type=model_type, keys=tuple(json_key),
+    path = train(inputs, output, vocab_size, kind=kind, model_type=model_type,
+                 keys=tuple(json_key),
                  max_sentences=max_sentences, txt_per_line=txt_per_line,
                  skip_bad_lines=skip_bad_lines, seed=seed, overwrite=overwrite)
     typer.echo(f"wrote {path}")
@@ -63,7 +70,9 @@ def tokenize(
     inputs: list[str] = typer.Argument(
         ..., help="Files, globs or folders: .jsonl/.json(.zst/.gz), .parquet, .txt, "
         "save_to_disk dataset folders."),
-    tokenizer: str = typer.Option(..., help="SentencePiece .model file."),
+    tokenizer: str = typer.Option(
+        ..., help="SentencePiece .model, Hugging Face tokenizer.json (or its folder), tiktoken "
+        ".tiktoken file or tiktoken:NAME."),
     output: str = typer.Option(..., help="Output prefix corpus/NAME."),
     json_key: list[str] = typer.Option(
         ["text"], help="JSON field (or column) to tokenize; repeat for one output per key "
@@ -71,6 +80,9 @@ def tokenize(
     workers: int = typer.Option(
         os.cpu_count() or 1, help="Tokenizer processes (default: one per core)."),
     append_eod: bool = typer.Option(True, help="Append the EOD token to each document."),
+    eod_token: str = typer.Option(
+        None, help="The token that ends documents, when the tokenizer does not say (default: "
+        "eos of the model / tokenizer_config.json, or a well-known end-of-text token)."),
     overwrite: bool = typer.Option(False, help="Replace existing outputs."),
     skip_bad_lines: bool = typer.Option(
         False, help="Count and skip bad lines instead of stopping at the first."),
@@ -85,7 +97,8 @@ def tokenize(
     summary = tokenize_corpus(
         inputs, tokenizer, output, keys=json_key, workers=workers, append_eod=append_eod,
         overwrite=overwrite, skip_bad_lines=skip_bad_lines, txt_per_line=txt_per_line,
-        max_chunk_bytes=max(1, int(chunk_mb * (1 << 20))), show_progress=not quiet)
+        max_chunk_bytes=max(1, int(chunk_mb * (1 << 20))), show_progress=not quiet,
+        eod_token=eod_token)
     for message in summary.skipped_messages:
         typer.echo(f"skipped: {message}", err=True)
     typer.echo(summary.format())

@@ -29,6 +29,11 @@ import numpy as np
 
 from bloomline.common.atomic import check_can_write, publish
 from bloomline.common.errors import UserError
+from bloomline.dataprep.fingerprint import (
+    check_same_tokenizer,
+    fingerprint_path,
+    write_fingerprint_record,
+)
 
 __all__ = [
     "DTYPE_CODES",
@@ -448,7 +453,12 @@ def merge_indexed_datasets(path_prefixes: list[str | os.PathLike],
     if not path_prefixes:
         raise UserError("merge: give at least one input prefix")
     first = IndexedDataset(path_prefixes[0])
+    # refuse inputs of different tokenizers before writing anything; the output records theirs
+    record = check_same_tokenizer({str(p): p for p in path_prefixes})
     with IndexedDatasetWriter(output_prefix, first.dtype, overwrite=overwrite) as writer:
         for prefix in path_prefixes:
             writer.add_index(prefix)
+        fingerprint_path(output_prefix).unlink(missing_ok=True)  # an overwritten output's
+    if record is not None:
+        write_fingerprint_record(output_prefix, record)
     return IndexedDataset(output_prefix)

@@ -32,9 +32,10 @@ from bloomline.common.atomic import atomic_output_dir, check_can_write
 from bloomline.common.errors import UserError
 from bloomline.common.progress import Counter, Progress
 from bloomline.dataprep.documents import extract_documents
+from bloomline.dataprep.fingerprint import fingerprint_path, write_fingerprint
 from bloomline.dataprep.indexed_dataset import IndexedDatasetWriter
 from bloomline.dataprep.sources import DEFAULT_CHUNK_BYTES, Chunk, expand_inputs, iter_chunks
-from bloomline.dataprep.tokenizer import Tokenizer
+from bloomline.dataprep.tokenizer import Tokenizer, load_tokenizer
 
 __all__ = [
     "TokenizeSummary",
@@ -108,12 +109,16 @@ def output_prefixes(output: str, keys: list[str]) -> dict[str, str]:
 _state: dict = {}
 
 
-def _init_worker(model_path: str, keys: list[str], append_eod: bool, skip_bad_lines: bool,
+def _init_worker(tokenizer: Tokenizer, keys: list[str], append_eod: bool, skip_bad_lines: bool,
                  scratch: str, ignore_sigint: bool) -> None:
     if ignore_sigint:
         # Also for a worker the pool restarts outside _sigint_ignored (see there).
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _state.update(tokenizer=Tokenizer(model_path), keys=keys, append_eod=append_eod,
+    # One thread per worker: Hugging Face tokenizers would otherwise run each batch on a
+    # thread pool of every core, in every worker (cores x workers threads fighting).
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    # (the tokenizer arrives pickled as its spec and is loaded here, once per worker)
+    _state.update(tokenizer=tokenizer, keys=keys, append_eod=append_eod,
                   skip_bad_lines=skip_bad_lines, scratch=Path(scratch))
 
 
@@ -184,9 +189,16 @@ def _results_in_flight(chunks: Iterator[Chunk], workers: int, init_args: tuple
                        ) -> Iterator[_ChunkResult]:
     """Yield chunk results as workers finish them, keeping at most 2 * workers queued."""
     if workers == 1:
-        _init_worker(*init_args, ignore_sigint=False)
-        for chunk in chunks:
-            yield _tokenize_chunk(chunk)
+        previous = os.environ.get("TOKENIZERS_PARALLELISM")
+        try:
+            _init_worker(*init_args, ignore_sigint=False)
+            for chunk in chunks:
+                yield _tokenize_chunk(chunk)
+        finally:  # this process is the caller's: leave its setting as it was
+            if previous is None:
+                os.environ.pop("TOKENIZERS_PARALLELISM", None)
+            else:
+                os.environ["TOKENIZERS_PARALLELISM"] = previous
         return
     # spawn, not fork: the parent may hold threads (zstd, arrow) that fork would copy locked.
     context = multiprocessing.get_context("spawn")
@@ -233,6 +245,7 @@ def tokenize_corpus(
     txt_per_line: bool = False,
     max_chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     show_progress: bool = True,
+    eod_token: str | None = None,
 ) -> TokenizeSummary:
     """Tokenize ``inputs`` into ``output.bin/.idx`` (or ``output_KEY`` per key).
 
@@ -255,7 +268,9 @@ def tokenize_corpus(
     check_can_write([f"{p}{s}" for p in outputs.values() for s in (".bin", ".idx")], overwrite)
     sources = expand_inputs(inputs)
     total_bytes = sum(s.size for s in sources)
-    tokenizer = Tokenizer(tokenizer_path)
+    tokenizer = load_tokenizer(tokenizer_path, eod_token)
+    if append_eod:
+        tokenizer.eod_id  # noqa: B018 - raises the one-line error before any work
     summary = TokenizeSummary(outputs)
     progress = Progress(
         "tokenize",
@@ -268,7 +283,7 @@ def tokenize_corpus(
                    for key, prefix in outputs.items()}
         try:
             chunks = iter(iter_chunks(sources, max_chunk_bytes, txt_per_line, workers))
-            init_args = (tokenizer.model_path, keys, append_eod, skip_bad_lines, str(scratch))
+            init_args = (tokenizer, keys, append_eod, skip_bad_lines, str(scratch))
             ready: dict[int, _ChunkResult] = {}
             next_index = 0
             for result in _results_in_flight(chunks, workers, init_args):
@@ -285,8 +300,12 @@ def tokenize_corpus(
                                     tokens=sum(done.num_tokens.values()),
                                     source_bytes=done.source_bytes)
                     next_index += 1
+            for prefix in outputs.values():  # an overwritten output's record goes first
+                fingerprint_path(prefix).unlink(missing_ok=True)
             for writer in writers.values():
                 writer.finalize()
+            for prefix in outputs.values():
+                write_fingerprint(prefix, tokenizer, append_eod)
         except BaseException:
             for writer in writers.values():
                 writer.abort()

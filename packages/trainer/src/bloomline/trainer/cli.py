@@ -106,22 +106,24 @@ def generate(
     temperature: float = typer.Option(0.0, help="0: greedy; > 0: sample."),
     top_k: int = typer.Option(0, help="Sample among the k most likely (0: all)."),
     top_p: float = typer.Option(1.0, help="Sample within this probability mass."),
-    tokenizer: str = typer.Option(None, help="SentencePiece model (default: data.tokenizer "
-                                  "of the checkpoint's config)."),
+    tokenizer: str = typer.Option(
+        None, help="Tokenizer (.model, tokenizer.json or its folder, .tiktoken, tiktoken:NAME; "
+        "default: data.tokenizer of the checkpoint's config)."),
     seed: int = typer.Option(0, help="Sampling seed."),
 ) -> None:
     """Continue a prompt with a checkpoint (a sanity check of what the model learned)."""
-    from bloomline.dataprep.tokenizer import Tokenizer
+    from bloomline.trainer.data import load_run_tokenizer
     from bloomline.trainer.generate import continuation_text, generate_ids
 
     cfg, model = _load_for_inference(checkpoint)
-    tokenizer_path = tokenizer or cfg.data.tokenizer
-    if not tokenizer_path:
+    if tokenizer:
+        cfg.data.tokenizer = tokenizer
+    if not cfg.data.tokenizer:
         raise UserError(f"{checkpoint}: its config has no data.tokenizer; pass --tokenizer")
-    tok = Tokenizer(tokenizer_path)
+    tok = load_run_tokenizer(cfg.data)
     prompt_ids = [int(i) for i in tok.encode_batch([prompt])[0]]
     ids = generate_ids(model, prompt_ids, max_new_tokens, temperature, top_k, top_p,
-                       tok.eod_id, seed, vocab_size=tok.vocab_size)
+                       tok.special_ids.get("eod"), seed, vocab_size=tok.vocab_size)
     typer.echo(prompt + continuation_text(tok, prompt_ids, ids))
 
 

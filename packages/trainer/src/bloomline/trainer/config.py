@@ -26,7 +26,12 @@ class DataConfig:
     corpus: str = ""
     """Folder of NAME.bin/.idx token files (all used; see dataprep build-index)."""
     tokenizer: str = ""
-    """SentencePiece model of the corpus: checks the vocabulary, decodes for generate."""
+    """The corpus's tokenizer: a SentencePiece .model, a Hugging Face tokenizer.json (or its
+    folder), a tiktoken .tiktoken file or tiktoken:NAME. Sizes the vocabulary (model.vocab_size
+    0), is checked against the corpus's fingerprints, decodes for generate, goes with export-hf."""
+    eod_token: str = ""
+    """The token that ends documents, when the tokenizer does not say (as dataprep tokenize
+    --eod-token); empty: the tokenizer's own (eos, or a well-known end-of-text token)."""
     seq_length: int = 2048
     """L of the sample index: samples hold L + 1 tokens. Training uses up to this length."""
     split: str = "969,30,1"

@@ -9,6 +9,7 @@ different data-parallel size sees the same samples in the same global order.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 
 import numpy as np
@@ -17,9 +18,11 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from bloomline.common.errors import UserError
 from bloomline.dataprep import IndexRequest, build_sample_datasets
+from bloomline.trainer.config import DataConfig
 from bloomline.trainer.sample_skips import SkipRanges
 
-__all__ = ["MegatronSampler", "TokenSamples", "make_loader", "open_splits", "check_vocabulary"]
+__all__ = ["MegatronSampler", "TokenSamples", "make_loader", "open_splits", "check_vocabulary",
+           "load_run_tokenizer"]
 
 
 class TokenSamples(Dataset):
@@ -129,15 +132,45 @@ def _ignore_stop_signals(worker_id: int) -> None:  # noqa: ARG001 - worker_init_
         signal.signal(sig, signal.SIG_IGN)
 
 
-def check_vocabulary(tokenizer_path: str, model_vocab: int) -> int | None:
-    """The tokenizer's vocabulary size, checked against the model's embedding rows."""
-    if not tokenizer_path:
-        return None
-    from bloomline.dataprep.tokenizer import Tokenizer
+def load_run_tokenizer(data: DataConfig):
+    """The run's tokenizer (``data.tokenizer``, ``data.eod_token``), or None when unset.
 
-    vocab = Tokenizer(tokenizer_path).vocab_size
-    if vocab > model_vocab:
-        raise UserError(f"data.tokenizer {tokenizer_path}: vocabulary of {vocab} tokens is "
-                        f"larger than model.vocab_size {model_vocab}; raise model.vocab_size "
-                        "(or set it to 0 to size it from the tokenizer)")
-    return vocab
+    Loaded once per process: a 250k-entry vocabulary takes a moment, and the run asks for it
+    several times (vocabulary size, corpus check, generate).
+    """
+    if not data.tokenizer:
+        return None
+    return _load_tokenizer_cached(data.tokenizer, data.eod_token or None)
+
+
+@functools.lru_cache(maxsize=4)
+def _load_tokenizer_cached(spec: str, eod_token: str | None):
+    from bloomline.dataprep.tokenizer import load_tokenizer
+
+    try:
+        return load_tokenizer(spec, eod_token)
+    except UserError as err:
+        raise UserError(f"data.tokenizer: {err}") from None
+
+
+def check_vocabulary(data: DataConfig, model_vocab: int) -> int | None:
+    """The tokenizer's vocabulary size, checked against the model's embedding rows, and the
+    corpus's token files checked against the tokenizer that made them (their fingerprints).
+
+    Raises:
+        UserError: a vocabulary larger than the model's, or a corpus file another tokenizer
+            made.
+    """
+    tokenizer = load_run_tokenizer(data)
+    if tokenizer is None:
+        return None
+    if tokenizer.vocab_size > model_vocab:
+        raise UserError(f"data.tokenizer {data.tokenizer}: vocabulary of "
+                        f"{tokenizer.vocab_size} tokens is larger than model.vocab_size "
+                        f"{model_vocab}; raise model.vocab_size (or set it to 0 to size it "
+                        "from the tokenizer)")
+    if data.corpus:
+        from bloomline.dataprep.fingerprint import check_tokenizer_matches, corpus_prefixes
+
+        check_tokenizer_matches(corpus_prefixes(data.corpus), tokenizer, "data.tokenizer")
+    return tokenizer.vocab_size

@@ -24,7 +24,13 @@ from bloomline.trainer import checkpoint as ckpt
 from bloomline.trainer import faults
 from bloomline.trainer.config import Config, validate
 from bloomline.trainer.curriculum import global_batch_size, sequence_length
-from bloomline.trainer.data import MegatronSampler, check_vocabulary, make_loader, open_splits
+from bloomline.trainer.data import (
+    MegatronSampler,
+    check_vocabulary,
+    load_run_tokenizer,
+    make_loader,
+    open_splits,
+)
 from bloomline.trainer.host import tune_malloc
 from bloomline.trainer.metrics import (
     MetricsWriter,
@@ -92,11 +98,9 @@ def resolve_vocab(cfg: Config) -> None:
     if cfg.model.vocab_size == 0:
         if not cfg.data.tokenizer:
             raise UserError("model.vocab_size = 0 needs data.tokenizer to size the vocabulary")
-        from bloomline.dataprep.tokenizer import Tokenizer
-
-        cfg.model.vocab_size = padded_vocab_size(Tokenizer(cfg.data.tokenizer).vocab_size,
+        cfg.model.vocab_size = padded_vocab_size(load_run_tokenizer(cfg.data).vocab_size,
                                                  tensor_parallel=cfg.parallel.tensor_parallel)
-    check_vocabulary(cfg.data.tokenizer, cfg.model.vocab_size)
+    check_vocabulary(cfg.data, cfg.model.vocab_size)
 
 
 class Trainer:

@@ -1,0 +1,146 @@
+"""Hugging Face ``tokenizer.json`` files, run by the ``tokenizers`` library (the Rust one).
+
+BLOOM, GPT-2, Llama 3, Falcon and most models users continue from ship one. Ids are the
+library's own ``encode(text).ids``: with the file's post-processor, as Megatron's
+``HuggingFaceTokenizer`` tokenizes (a Llama 3 file puts ``<|begin_of_text|>`` before every
+document; BLOOM's and GPT-2's add nothing).
+
+EOD (Megatron: the model's ``eos_token``), in this order:
+
+1. ``eod_token`` when given (``--eod-token`` / ``data.eod_token``);
+2. ``eos_token`` of a ``tokenizer_config.json`` beside the ``tokenizer.json`` (what
+   ``AutoTokenizer`` reads);
+3. the first of ``<|endoftext|>`` (GPT-2, Falcon), ``</s>`` (BLOOM, Llama 2),
+   ``<|end_of_text|>`` (Llama 3), ``<eos>`` (Gemma) that the vocabulary has.
+
+BOS, PAD and UNK are found the same way, without the first step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+
+from bloomline.common.errors import UserError
+from bloomline.dataprep.tokenizer.base import Tokenizer
+
+__all__ = ["HuggingFaceTokenizer", "WELL_KNOWN_TOKENS"]
+
+# role -> tokens that play it in widely used tokenizer.json files, most common first
+WELL_KNOWN_TOKENS = {
+    "eod": ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>"),
+    "bos": ("<s>", "<|begin_of_text|>", "<bos>"),
+    "pad": ("<pad>", "<|pad|>"),
+    "unk": ("<unk>",),
+}
+_CONFIG_KEYS = {"eod": "eos_token", "bos": "bos_token", "pad": "pad_token", "unk": "unk_token"}
+_BYTE_PIECE = re.compile(r"^<0x[0-9A-F]{2}>$")
+
+
+class HuggingFaceTokenizer(Tokenizer):
+    """A ``tokenizer.json`` (or a folder holding one).
+
+    Raises:
+        UserError: when the file is missing or not a ``tokenizer.json`` the library reads, or
+            ``eod_token`` is not in its vocabulary.
+    """
+
+    kind = "huggingface"
+
+    def __init__(self, spec: str, eod_token: str | None = None) -> None:
+        from tokenizers import Tokenizer as RustTokenizer
+
+        super().__init__(spec, eod_token)
+        path = Path(spec)
+        if path.is_dir():
+            path = path / "tokenizer.json"
+        if not path.is_file():
+            raise UserError(f"{spec}: no tokenizer.json there")
+        self.path = str(path)
+        try:
+            self._tok = RustTokenizer.from_file(self.path)
+        except Exception as err:  # the library raises plain Exception for any parse error
+            raise UserError(f"{path}: not a tokenizer.json the tokenizers library reads "
+                            f"({str(err).splitlines()[0][:200]})") from None
+        self._tok.no_padding()
+        self._tok.no_truncation()
+        self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+        self.special_ids = self._find_special_ids(path.parent / "tokenizer_config.json")
+        if eod_token is not None:
+            token_id = self._tok.token_to_id(eod_token)
+            if token_id is None:
+                raise UserError(f"{path}: --eod-token {eod_token!r} is not in its vocabulary")
+            self.special_ids["eod"] = token_id
+
+    def _find_special_ids(self, config_path: Path) -> dict[str, int]:
+        config: dict = {}
+        if config_path.is_file():
+            try:
+                config = json.loads(config_path.read_text(encoding="utf-8"))
+            except (OSError, ValueError) as err:
+                raise UserError(f"{config_path}: not readable JSON ({err})") from None
+        found: dict[str, int] = {}
+        for role, candidates in WELL_KNOWN_TOKENS.items():
+            named = config.get(_CONFIG_KEYS[role])
+            if isinstance(named, dict):  # {"content": "</s>", "lstrip": false, ...}
+                named = named.get("content")
+            for token in ([named] if isinstance(named, str) else []) + list(candidates):
+                token_id = self._tok.token_to_id(token)
+                if token_id is not None:
+                    found[role] = token_id
+                    break
+        return found
+
+    def _eod_hint(self) -> str:
+        return (" (no eos_token in a tokenizer_config.json beside it, and none of "
+                + ", ".join(WELL_KNOWN_TOKENS["eod"]) + " in its vocabulary)")
+
+    def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
+        # encode_batch_fast skips the character offsets, which we never use. The library runs
+        # a batch on its own thread pool unless TOKENIZERS_PARALLELISM is false; the pipeline's
+        # workers set it (one thread each, see pipeline._init_worker).
+        encodings = self._tok.encode_batch_fast(texts)
+        return [np.array(e.ids, dtype=np.int32) for e in encodings]
+
+    def decode(self, ids: Iterable[int] | np.ndarray) -> str:
+        return self._tok.decode([int(i) for i in ids], skip_special_tokens=True)
+
+    def id_to_piece(self, token_id: int) -> str:
+        piece = self._tok.id_to_token(int(token_id))
+        return "" if piece is None else piece
+
+    def control_ids(self) -> list[int]:
+        special = [i for i, token in self._tok.get_added_tokens_decoder().items()
+                   if token.special]
+        return sorted(set(special) | set(self.special_ids.values()))
+
+    def byte_ids(self) -> list[int]:
+        # byte-fallback BPE (Llama 2 style) spells bytes <0xAB>; byte-level BPE has no fallback
+        vocab = self._tok.get_vocab(with_added_tokens=False)
+        return sorted(i for token, i in vocab.items() if _BYTE_PIECE.match(token))
+
+    def _vocabulary_entries(self) -> Iterable[bytes]:
+        by_id = [""] * self.vocab_size
+        for token, i in self._tok.get_vocab(with_added_tokens=True).items():
+            if i < self.vocab_size:
+                by_id[i] = token
+        return (token.encode("utf-8") for token in by_id)
+
+    @property
+    def backend(self):
+        """The ``tokenizers.Tokenizer`` itself (for exporting and training)."""
+        return self._tok
+
+
+def looks_like_json(path: str | os.PathLike) -> bool:
+    """Whether a file starts like a JSON object (a ``tokenizer.json`` under another name)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(64).lstrip().startswith(b"{")
+    except OSError:
+        return False

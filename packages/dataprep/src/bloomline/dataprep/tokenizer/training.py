@@ -1,0 +1,216 @@
+"""Train a tokenizer from the same readers as ``tokenize``, in bounded memory.
+
+Both kinds learn from a uniform sample of at most ``max_sentences`` lines of the inputs (one
+pass, reservoir sampling), so memory does not grow with the corpus.
+
+- ``sentencepiece`` (``--kind sentencepiece``, the default): a SentencePiece BPE or unigram
+  model that keeps text exactly (identity normalization, whitespace kept) and falls back to
+  bytes for unseen characters. Writes ``OUTPUT.model`` and ``OUTPUT.vocab``.
+- ``byte-bpe``: a byte-level BPE with the ``tokenizers`` library, laid out like BLOOM's
+  tokenizer (its pre-tokenizer split, byte-level alphabet, no normalizer). Every byte string
+  has a spelling, so nothing is ever unknown. Writes the folder ``OUTPUT/`` with
+  ``tokenizer.json`` and a ``tokenizer_config.json`` naming the special tokens (what
+  ``AutoTokenizer`` and ``--tokenizer OUTPUT`` read).
+
+Both use the special ids of BLOOM's config: ``<unk>`` 0, ``<s>`` 1, ``</s>`` 2 (EOD), ``<pad>`` 3.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+from bloomline.common.atomic import atomic_output_dir, check_can_write
+from bloomline.common.errors import UserError
+from bloomline.dataprep.documents import extract_documents
+from bloomline.dataprep.sources import expand_inputs, iter_chunks
+
+__all__ = ["SPECIAL_TOKENS", "TOKENIZER_KINDS", "train_tokenizer"]
+
+SPECIAL_TOKENS = ("<unk>", "<s>", "</s>", "<pad>")
+TOKENIZER_KINDS = ("sentencepiece", "byte-bpe")
+# SentencePiece skips training "sentences" longer than this many bytes; documents are split
+# into lines and long lines into pieces of at most this size so none is silently dropped.
+_MAX_SENTENCE_BYTES = 4192
+# BLOOM's pre-tokenizer: words with their leading space, punctuation (Latin, CJK, Devanagari,
+# Arabic) on its own; whitespace runs are kept (isolated), so text round-trips exactly
+_BLOOM_SPLIT = " ?[^(\\s|[.,!?…。，、।۔،])]+"
+
+
+def _training_sentences(inputs: list[str], keys: list[str], txt_per_line: bool,
+                        skip_bad_lines: bool) -> Iterator[str]:
+    for chunk in iter_chunks(expand_inputs(inputs), txt_per_line=txt_per_line):
+        docs = extract_documents(chunk, keys, skip_bad_lines)
+        for texts in docs.texts.values():
+            for text in texts:
+                for line in text.split("\n"):
+                    if not line.strip():
+                        continue
+                    raw = line.encode("utf-8")
+                    for start in range(0, len(raw), _MAX_SENTENCE_BYTES):
+                        piece = raw[start : start + _MAX_SENTENCE_BYTES]
+                        yield piece.decode("utf-8", errors="ignore")
+
+
+def _reservoir(items: Iterator[str], size: int, seed: int) -> list[str]:
+    """A uniform sample of ``size`` items in one pass and O(size) memory (Algorithm R)."""
+    rng = random.Random(seed)
+    sample: list[str] = []
+    for seen, item in enumerate(items):
+        if seen < size:
+            sample.append(item)
+        else:
+            slot = rng.randint(0, seen)
+            if slot < size:
+                sample[slot] = item
+    return sample
+
+
+def train_tokenizer(
+    inputs: list[str],
+    output: str | os.PathLike,
+    vocab_size: int,
+    kind: str = "sentencepiece",
+    model_type: str = "bpe",
+    keys: tuple[str, ...] = ("text",),
+    max_sentences: int = 1_000_000,
+    character_coverage: float = 0.9999,
+    txt_per_line: bool = False,
+    skip_bad_lines: bool = False,
+    seed: int = 0,
+    num_threads: int | None = None,
+    overwrite: bool = False,
+) -> Path:
+    """Train a tokenizer of ``kind`` (see the module docstring) on a sample of the inputs.
+
+    Returns:
+        What ``--tokenizer`` takes: ``OUTPUT.model`` (sentencepiece) or the folder ``OUTPUT``
+        (byte-bpe).
+
+    Raises:
+        UserError: an unknown kind, a vocabulary too small, outputs that exist without
+            ``overwrite``, no text, or the trainer refusing (one line).
+    """
+    if kind not in TOKENIZER_KINDS:
+        raise UserError(f"--kind {kind}: expected one of {', '.join(TOKENIZER_KINDS)}")
+    if vocab_size < 300:
+        raise UserError(f"--vocab-size {vocab_size}: must be at least 300 (256 bytes, the "
+                        "special tokens and some merges)")
+    if kind == "sentencepiece":
+        return _train_sentencepiece(inputs, output, vocab_size, model_type, keys, max_sentences,
+                                    character_coverage, txt_per_line, skip_bad_lines, seed,
+                                    num_threads, overwrite)
+    return _train_byte_bpe(inputs, Path(output), vocab_size, keys, max_sentences, txt_per_line,
+                           skip_bad_lines, seed, overwrite)
+
+
+def _sample_sentences(inputs, keys, max_sentences, txt_per_line, skip_bad_lines, seed
+                      ) -> list[str]:
+    sentences = _reservoir(
+        _training_sentences(inputs, list(keys), txt_per_line, skip_bad_lines),
+        max_sentences, seed)
+    if not sentences:
+        raise UserError(f"{' '.join(inputs)}: no text to train a tokenizer on")
+    return sentences
+
+
+def _train_byte_bpe(inputs: list[str], output: Path, vocab_size: int, keys: tuple[str, ...],
+                    max_sentences: int, txt_per_line: bool, skip_bad_lines: bool, seed: int,
+                    overwrite: bool) -> Path:
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+    from tokenizers.trainers import BpeTrainer
+
+    if output.exists() and not output.is_dir():
+        raise UserError(f"--output {output}: exists and is not a folder (byte-bpe writes a "
+                        "folder with tokenizer.json)")
+    check_can_write([output / "tokenizer.json"], overwrite)
+    sentences = _sample_sentences(inputs, keys, max_sentences, txt_per_line, skip_bad_lines,
+                                  seed)
+    tokenizer = Tokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(_BLOOM_SPLIT), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False),
+    ])
+    tokenizer.decoder = decoders.ByteLevel(add_prefix_space=True, trim_offsets=True,
+                                           use_regex=True)
+    tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS),
+                         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                         show_progress=False)
+    tokenizer.train_from_iterator(sentences, trainer=trainer, length=len(sentences))
+    unk, bos, eos, pad = SPECIAL_TOKENS
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": unk,
+              "bos_token": bos, "eos_token": eos, "pad_token": pad,
+              "model_max_length": 1_000_000_000, "add_prefix_space": False}
+    with atomic_output_dir(output.parent, output.name) as scratch:
+        tokenizer.save(str(scratch / "tokenizer.json"))
+        (scratch / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+        output.mkdir(parents=True, exist_ok=True)
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            os.replace(scratch / name, output / name)
+    return output
+
+
+def _train_sentencepiece(
+    inputs: list[str],
+    output_prefix: str | os.PathLike,
+    vocab_size: int,
+    model_type: str = "bpe",
+    keys: tuple[str, ...] = ("text",),
+    max_sentences: int = 1_000_000,
+    character_coverage: float = 0.9999,
+    txt_per_line: bool = False,
+    skip_bad_lines: bool = False,
+    seed: int = 0,
+    num_threads: int | None = None,
+    overwrite: bool = False,
+) -> Path:
+    """Train a SentencePiece model on a bounded uniform sample of the inputs' lines.
+
+    The model keeps text exactly (identity normalization, whitespace kept) and falls back to
+    bytes for unseen characters, so every input round-trips through encode/decode.
+
+    Returns:
+        The path of the written ``OUTPUT_PREFIX.model`` (``.vocab`` is written beside it).
+    """
+    import sentencepiece as spm
+
+    output_prefix = Path(output_prefix)
+    model_path = output_prefix.with_name(output_prefix.name + ".model")
+    vocab_path = output_prefix.with_name(output_prefix.name + ".vocab")
+    if model_type not in ("bpe", "unigram"):
+        raise UserError(f"--model-type {model_type}: expected 'bpe' or 'unigram'")
+    check_can_write([model_path, vocab_path], overwrite)
+    sentences = _sample_sentences(inputs, keys, max_sentences, txt_per_line, skip_bad_lines,
+                                  seed)
+    output_prefix.parent.mkdir(parents=True, exist_ok=True)
+    tmp_prefix = output_prefix.with_name(f".{output_prefix.name}.{os.getpid()}.partial")
+    try:
+        spm.SentencePieceTrainer.Train(
+            sentence_iterator=iter(sentences),
+            model_prefix=str(tmp_prefix),
+            vocab_size=vocab_size,
+            model_type=model_type,
+            byte_fallback=True,
+            character_coverage=character_coverage,
+            normalization_rule_name="identity",
+            remove_extra_whitespaces=False,
+            allow_whitespace_only_pieces=True,
+            split_digits=True,
+            unk_id=0, bos_id=1, eos_id=2, pad_id=3,
+            unk_piece="<unk>", bos_piece="<s>", eos_piece="</s>", pad_piece="<pad>",
+            num_threads=num_threads or os.cpu_count() or 1,
+            minloglevel=2,
+        )
+        os.replace(f"{tmp_prefix}.vocab", vocab_path)
+        os.replace(f"{tmp_prefix}.model", model_path)
+    except RuntimeError as err:
+        raise UserError(f"train-tokenizer: SentencePiece refused: {str(err).splitlines()[0]}"
+                        ) from None
+    finally:
+        for suffix in (".model", ".vocab"):
+            Path(f"{tmp_prefix}{suffix}").unlink(missing_ok=True)
+    return model_path
