@@ -55,3 +55,73 @@ def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
 def cli():
     """The :func:`run_cli` helper as a fixture."""
     return run_cli
+
+
+# -- tokenizers of the other kinds, built offline ---------------------------------------------
+@pytest.fixture(scope="session")
+def tiny_byte_bpe(tmp_path_factory) -> Path:
+    """A 512-entry BLOOM-style byte-level BPE (``train-tokenizer --kind byte-bpe``): a folder
+    with tokenizer.json and tokenizer_config.json."""
+    from bloomline.dataprep.tokenizer import train_tokenizer
+
+    folder = tmp_path_factory.mktemp("byte_bpe")
+    corpus = folder / "train.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in _training_lines()),
+                      encoding="utf-8")
+    return train_tokenizer([str(corpus)], folder / "tok", vocab_size=512, kind="byte-bpe")
+
+
+BLOOM_SPLIT = " ?[^(\\s|[.,!?…。，、।۔،])]+"  # BLOOM's tokenizer.json pre-tokenizer regex
+
+
+@pytest.fixture(scope="session")
+def bloom_like_tokenizer(tmp_path_factory) -> Path:
+    """A tokenizer.json laid out like BLOOM's (its pre-tokenizer split, byte-level BPE, the
+    special tokens <unk> <s> </s> <pad> at 0-3) with 65,796 entries, so that ids pass 65,535 as
+    BLOOM's 250,680 do: every pair of byte-level characters is one merge."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+
+    specials = ["<unk>", "<s>", "</s>", "<pad>"]
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {token: i for i, token in enumerate(specials + alphabet)}
+    merges = [(a, b) for a in alphabet for b in alphabet]
+    for a, b in merges:
+        vocab[a + b] = len(vocab)
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(BLOOM_SPLIT), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False)])
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
+    tokenizer.add_special_tokens(specials)
+    path = tmp_path_factory.mktemp("bloom_like") / "tokenizer.json"
+    tokenizer.save(str(path))
+    return path
+
+
+def tiktoken_ranks(words: list[str]) -> dict[bytes, int]:
+    """tiktoken ranks: the 256 bytes, then every prefix of each word (so BPE can reach it)."""
+    ranks = {bytes([b]): b for b in range(256)}
+    for word in words:
+        raw = word.encode("utf-8")
+        for end in range(2, len(raw) + 1):
+            ranks.setdefault(raw[:end], len(ranks))
+    return ranks
+
+
+def write_tiktoken_file(path: Path, ranks: dict[bytes, int]) -> Path:
+    """tiktoken's ranks format: one ``base64(token) rank`` line per token."""
+    import base64
+
+    path.write_bytes(b"".join(base64.b64encode(token) + b" %d\n" % rank
+                              for token, rank in sorted(ranks.items(), key=lambda kv: kv[1])))
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_tiktoken(tmp_path_factory) -> Path:
+    """A small ``r50k_base.tiktoken``: its own ranks, r50k_base's split pattern and
+    ``<|endoftext|>`` (id 50256, so the vocabulary is 50,257 with a gap)."""
+    words = sorted({w for line in _training_lines() for w in line.split()})
+    ranks = tiktoken_ranks([f" {w}" for w in words] + words)
+    return write_tiktoken_file(tmp_path_factory.mktemp("tiktoken") / "r50k_base.tiktoken", ranks)

@@ -22,8 +22,8 @@ from pathlib import Path
 from bloomline.common.atomic import atomic_write_bytes
 from bloomline.common.errors import UserError
 
-__all__ = ["FINGERPRINT_SUFFIX", "check_same_tokenizer", "check_tokenizer_matches", "corpus_prefixes",
-           "read_fingerprint", "write_fingerprint"]
+__all__ = ["FINGERPRINT_SUFFIX", "check_same_tokenizer", "check_tokenizer_matches",
+           "corpus_prefixes", "read_fingerprint", "write_fingerprint"]
 
 FINGERPRINT_SUFFIX = ".fingerprint.json"
 _FORMAT = 1
