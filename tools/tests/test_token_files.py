@@ -15,7 +15,12 @@ import pytest
 
 import bloomline.tools.corpus as corpus_module
 import bloomline.tools.token_stats as token_stats_module
-from bloomline.dataprep import IndexedDataset, IndexedDatasetWriter, load_tokenizer
+from bloomline.dataprep import (
+    IndexedDataset,
+    IndexedDatasetWriter,
+    load_tokenizer,
+    tokenize_corpus,
+)
 
 HEADER = 34  # bytes of the MMIDIDX header: magic 9, version 8, dtype 1, counts 8 + 8
 
@@ -257,3 +262,24 @@ def test_console_script_is_installed(corpus):
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 1 and bad.stderr.startswith("error: --doc -1")
     assert "Traceback" not in bad.stderr
+
+
+@pytest.mark.parametrize("fixture", ["tiny_byte_bpe", "tiny_tiktoken"])
+def test_show_and_tokens_with_other_tokenizer_kinds(fixture, request, tmp_path, inspect):
+    """Catches: the tools reading only SentencePiece models (a tokenizer.json or .tiktoken
+    refused or decoded wrongly), and EOD shown as text or dropped instead of marked."""
+    if fixture == "tiny_tiktoken":
+        pytest.importorskip("tiktoken")
+    spec = request.getfixturevalue(fixture)
+    tokenizer = load_tokenizer(spec)
+    texts = ["The quick brown fox.", "Привет, мир! 👍"]
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts), encoding="utf-8")
+    tokenize_corpus([str(src)], str(spec), str(tmp_path / "c"), show_progress=False)
+    eod = {"tiny_byte_bpe": "</s>", "tiny_tiktoken": "<|endoftext|>"}[fixture]
+    for number, text in enumerate(texts):
+        code, out, _ = inspect("show", tmp_path / "c", "--doc", number, "--tokenizer", spec)
+        assert code == 0 and out.split("\n", 1)[1].rstrip("\n") == f"{text}⟦{eod}⟧"
+    code, out, _ = inspect("tokens", tmp_path / "c", "--tokenizer", spec, "--json")
+    result = json.loads(out)
+    assert code == 0 and result["eod_id"] == tokenizer.eod_id and result["eod_count"] == 2
