@@ -66,9 +66,10 @@ class SentencePieceTokenizer(Tokenizer):
 
     def control_ids(self) -> list[int]:
         ids = list(range(self.vocab_size))  # one batched call, not one per id
-        control = np.flatnonzero(self._sp.IsControl(ids)).tolist()
-        return sorted(set(control) | set(self.special_ids.values()) - {self.special_ids.get(
-            "unk", -1)})
+        control = set(np.flatnonzero(self._sp.IsControl(ids)).tolist())
+        if "eod" in self.special_ids:  # an --eod-token may be a normal piece
+            control.add(self.special_ids["eod"])
+        return sorted(control)  # <unk> is not control: it stands for text and decodes as such
 
     def byte_ids(self) -> list[int]:
         return np.flatnonzero(self._sp.IsByte(list(range(self.vocab_size)))).tolist()
