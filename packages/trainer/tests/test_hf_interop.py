@@ -211,16 +211,18 @@ def test_export_refuses_bad_input_and_existing_output(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
 
 
-def test_export_ships_tokenizer_model(tmp_path):
-    """Bug: the SentencePiece model not shipped with the export (our generate needs it)."""
-    cfg = _cfg()
-    tokenizer = tmp_path / "sp.model"
-    tokenizer.write_bytes(b"sentencepiece bytes")
-    out = export_hf(build_model(cfg).state_dict(), cfg, tmp_path / "hf", tokenizer_path=tokenizer)
-    assert (out / "tokenizer.model").read_bytes() == b"sentencepiece bytes"
-    with pytest.raises(UserError, match="missing.model"):
-        export_hf(build_model(cfg).state_dict(), cfg, tmp_path / "hf2",
-                  tokenizer_path=tmp_path / "missing.model")
+def test_export_ships_the_tokenizer(tmp_path, tiny_tokenizer):
+    """Bug: the SentencePiece model not shipped with the export (sentencepiece users and our
+    generate read it), or config.json's special ids not the tokenizer's."""
+    from bloomline.dataprep.tokenizer import load_tokenizer
+
+    cfg = ModelConfig(vocab_size=512, hidden_size=48, num_layers=2, num_heads=4)
+    out = export_hf(build_model(cfg).state_dict(), cfg, tmp_path / "hf",
+                    tokenizer=load_tokenizer(tiny_tokenizer))
+    assert (out / "tokenizer.model").read_bytes() == tiny_tokenizer.read_bytes()
+    assert (out / "tokenizer.json").is_file()
+    config = json.loads((out / "config.json").read_text())
+    assert (config["bos_token_id"], config["eos_token_id"], config["pad_token_id"]) == (1, 2, 3)
 
 
 def test_import_errors_name_the_file_and_field(tmp_path):

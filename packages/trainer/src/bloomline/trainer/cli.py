@@ -132,14 +132,27 @@ def export_hf_command(
     checkpoint: str = typer.Argument(..., help="A checkpoint folder."),
     out_dir: str = typer.Argument(..., help="Output folder (transformers BLOOM format)."),
     overwrite: bool = typer.Option(False, help="Replace an existing output folder."),
+    tokenizer: str = typer.Option(
+        None, help="Tokenizer to export with the model (.model, tokenizer.json or its folder, "
+        ".tiktoken, tiktoken:NAME; default: data.tokenizer of the checkpoint's config)."),
 ) -> None:
-    """Write a checkpoint as a transformers BloomForCausalLM (config.json + safetensors)."""
+    """Write a checkpoint as a transformers BloomForCausalLM (config.json + safetensors) with
+    its tokenizer as files AutoTokenizer loads (tokenizer.json + tokenizer_config.json)."""
+    from bloomline.trainer.data import load_run_tokenizer
     from bloomline.trainer.hf import export_hf
 
     cfg, model = _load_for_inference(checkpoint)
-    export_hf(model.state_dict(), cfg.model, out_dir, tokenizer_path=cfg.data.tokenizer or None,
-              overwrite=overwrite)
-    typer.echo(f"wrote {out_dir}")
+    if tokenizer:
+        cfg.data.tokenizer = tokenizer
+    tok = load_run_tokenizer(cfg.data)
+    out = export_hf(model.state_dict(), cfg.model, out_dir, tokenizer=tok, overwrite=overwrite)
+    if tok is None:
+        typer.echo(f"wrote {out_dir} (model only: the checkpoint's config has no "
+                   "data.tokenizer; pass --tokenizer to export one)")
+    else:
+        files = sorted(p.name for p in out.iterdir() if p.name.startswith("tokenizer"))
+        typer.echo(f"wrote {out_dir} (model and {tok.kind} tokenizer {tok.name}: "
+                   f"{', '.join(files)})")
 
 
 @app.command("import-hf", context_settings={"allow_extra_args": True,

@@ -9,6 +9,9 @@ a constant per query row, which the softmax cancels.
 HF's ``vocab_size`` is the embedding's row count, i.e. our padded ``ModelConfig.vocab_size``.
 BLOOM's config cannot express an MLP width other than 4h, an untied head or the post-LN
 residual; those raise :class:`HFInteropError` naming the field.
+
+With the run's tokenizer, the export also holds its files for ``AutoTokenizer`` (every kind as
+a ``tokenizer.json``; see :mod:`bloomline.trainer.hf_tokenizer`).
 """
 
 from __future__ import annotations
@@ -17,7 +20,6 @@ import json
 import math
 import os
 import pickle
-import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -28,6 +30,8 @@ from safetensors.torch import load_file, save_file
 
 from bloomline.common.atomic import atomic_output_dir, check_can_write
 from bloomline.common.errors import UserError
+from bloomline.dataprep.tokenizer import Tokenizer
+from bloomline.trainer.hf_tokenizer import hf_tokenizer_files
 from bloomline.trainer.model import GPT, ModelConfig
 
 __all__ = ["HFInteropError", "bloom_config", "export_hf", "from_hf_state_dict", "import_hf",
@@ -211,44 +215,51 @@ def _check_tensors(state_dict: Mapping[str, torch.Tensor], cfg: ModelConfig, whe
 
 def export_hf(model_state_dict: Mapping[str, torch.Tensor], cfg: ModelConfig,
               out_dir: str | os.PathLike, dtype: torch.dtype = torch.float32,
-              tokenizer_path: str | os.PathLike | None = None, overwrite: bool = False, *,
+              tokenizer: Tokenizer | None = None, overwrite: bool = False, *,
               bos_token_id: int | None = None, eos_token_id: int | None = None,
               pad_token_id: int | None = None) -> Path:
     """Write a folder that ``BloomForCausalLM.from_pretrained`` loads: ``config.json`` and
-    ``model.safetensors`` (the tied weight once, as ``transformer.word_embeddings.weight``).
+    ``model.safetensors`` (the tied weight once, as ``transformer.word_embeddings.weight``);
+    with ``tokenizer``, also the files ``AutoTokenizer.from_pretrained`` loads with the same
+    ids (``tokenizer.json``, ``tokenizer_config.json``, ``generation_config.json``; see
+    :func:`~bloomline.trainer.hf_tokenizer.hf_tokenizer_files`).
 
     The folder is built in a hidden sibling ``.NAME.*.partial`` folder and renamed into place
     when complete, so a crash never leaves a folder that looks like a finished export.
-
-    HF's BloomTokenizerFast is a byte-level BPE, not SentencePiece, and we do not convert:
-    with ``tokenizer_path`` the SentencePiece model is shipped as ``tokenizer.model`` for our
-    own generate, and transformers users tokenize with it themselves.
 
     Args:
         model_state_dict: our model's full (unsharded) state dict, on any device.
         cfg: its config.
         out_dir: the folder to create; an existing empty folder is fine.
         dtype: the saved weights' dtype (float32, bfloat16, float16).
-        tokenizer_path: a SentencePiece ``.model`` to copy in as ``tokenizer.model``.
+        tokenizer: the run's tokenizer (any kind), or None for no tokenizer files.
         overwrite: replace an existing non-empty ``out_dir``.
-        bos_token_id, eos_token_id, pad_token_id: written to config.json.
+        bos_token_id, eos_token_id, pad_token_id: written to config.json; by default the
+            tokenizer's (``special_ids`` bos, eod, pad), else none.
 
     Returns:
         ``out_dir`` as a Path.
 
     Raises:
-        UserError: an existing output without ``overwrite``, a missing tokenizer file, or
-            (HFInteropError) a config BLOOM cannot express or tensors that do not fit it.
+        UserError: an existing output without ``overwrite``, a tokenizer that is not the
+            model's or cannot be converted, or (HFInteropError) a config BLOOM cannot express
+            or tensors that do not fit it.
     """
     out_dir = Path(out_dir)
     if not (out_dir.is_dir() and not any(out_dir.iterdir())):  # an empty folder is no output
         check_can_write([out_dir], overwrite)
-    if tokenizer_path is not None and not Path(tokenizer_path).is_file():
-        raise UserError(f"{tokenizer_path}: tokenizer model not found")
-    # validate everything before writing anything
+    # validate and convert everything before writing anything
+    tokenizer_files: dict[str, bytes] = {}
+    if tokenizer is not None:
+        special = tokenizer.special_ids
+        bos_token_id = special.get("bos") if bos_token_id is None else bos_token_id
+        eos_token_id = special.get("eod") if eos_token_id is None else eos_token_id
+        pad_token_id = special.get("pad") if pad_token_id is None else pad_token_id
     config = bloom_config(cfg, dtype=dtype, bos_token_id=bos_token_id,
                           eos_token_id=eos_token_id, pad_token_id=pad_token_id)
     _check_tensors(model_state_dict, cfg, "model state dict", lambda name: name)
+    if tokenizer is not None:
+        tokenizer_files = hf_tokenizer_files(tokenizer, cfg.vocab_size)
     tensors = to_hf_state_dict({name: t.detach().to(device="cpu", dtype=dtype)
                                 for name, t in model_state_dict.items()})
     with atomic_output_dir(out_dir.parent, prefix=out_dir.name) as scratch:
@@ -257,8 +268,8 @@ def export_hf(model_state_dict: Mapping[str, torch.Tensor], cfg: ModelConfig,
         staged.mkdir()
         save_file(tensors, staged / "model.safetensors", metadata={"format": "pt"})
         (staged / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-        if tokenizer_path is not None:
-            shutil.copyfile(tokenizer_path, staged / "tokenizer.model")
+        for name, content in tokenizer_files.items():
+            (staged / name).write_bytes(content)
         if out_dir.exists():
             # os.replace cannot replace a non-empty folder: move the old one into the scratch
             # folder, which is deleted on exit

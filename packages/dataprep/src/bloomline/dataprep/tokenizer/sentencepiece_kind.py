@@ -77,3 +77,7 @@ class SentencePieceTokenizer(Tokenizer):
     def _vocabulary_entries(self) -> Iterable[bytes]:
         return (piece.encode("utf-8") for piece in
                 self._sp.IdToPiece(list(range(self.vocab_size))))
+
+    def serialized_model_proto(self) -> bytes:
+        """The model as loaded: a ``.model`` file's bytes (for exporting and converting)."""
+        return self._sp.serialized_model_proto()

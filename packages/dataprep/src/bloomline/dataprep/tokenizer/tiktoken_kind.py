@@ -85,6 +85,11 @@ class TiktokenTokenizer(Tokenizer):
     def name(self) -> str:
         return self._encoding.name
 
+    @property
+    def encoding(self):
+        """The ``tiktoken.Encoding`` itself (for exporting and converting)."""
+        return self._encoding
+
     def _eod_hint(self) -> str:
         return f" (it has no {_EOD})"
 
