@@ -1,4 +1,4 @@
-"""``trainer``: pretrain, generate, export-hf, import-hf."""
+"""``trainer``: pretrain, generate, export-hf, import-hf, verify-checkpoint, evaluate."""
 
 from __future__ import annotations
 
@@ -198,6 +198,30 @@ def verify_checkpoint_command(
         raise UserError(f"{checkpoint}: {problems[-1]}")
     files, size, step = describe_checkpoint(checkpoint)
     typer.echo(f"ok: {checkpoint}: {files} files, {size} bytes, step {step}")
+
+
+@app.command("evaluate")
+def evaluate_command(
+    checkpoint: str = typer.Argument(..., help="A checkpoint folder (RUN/checkpoints/step_N)."),
+    split: str = typer.Option("valid", help="valid or test (a split of the checkpoint's "
+                              "data.corpus with a share in data.split)."),
+    samples: int = typer.Option(None, help="Samples of the blend and of each dataset at most "
+                                "(default: the run's train.eval_samples)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of the table."),
+) -> None:
+    """Loss and perplexity of a checkpoint on a split of its run's data: each dataset's own
+    split and the blend, in this process, with the run's precision and micro-batch size."""
+    import json
+
+    from bloomline.trainer.evaluation import evaluate_checkpoint
+
+    result, step = evaluate_checkpoint(checkpoint, split, samples)
+    if as_json:
+        typer.echo(json.dumps({"checkpoint": checkpoint, "step": step, **result.to_json()},
+                              indent=1))
+        return
+    typer.echo(f"{checkpoint} (step {step}), {split} split:")
+    typer.echo(result.table())
 
 
 def main() -> None:

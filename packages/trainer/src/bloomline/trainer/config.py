@@ -64,7 +64,8 @@ class TrainConfig:
     eval_interval: int = 100
     """Evaluate on the valid split every this many steps (0: never)."""
     eval_samples: int = 256
-    """Valid samples per evaluation (the same ones every time)."""
+    """Valid samples per evaluation (the same ones every time); with several datasets, the
+    blend's and, for each dataset's own valid loss, that many of its own valid split."""
     log_interval: int = 10
     """A console line and a metrics record every this many steps."""
     exit_interval: int = 0

@@ -31,6 +31,17 @@ from bloomline.trainer.data import (
     make_loader,
     open_splits,
 )
+from bloomline.trainer.evaluation import (
+    batched_sample_losses,
+    blend_of,
+    evaluate_split,
+    per_sample_means,
+    sample_sources,
+    source_loss_record,
+    source_totals,
+    token_cross_entropy,
+    valid_console_line,
+)
 from bloomline.trainer.host import tune_malloc
 from bloomline.trainer.metrics import (
     MetricsWriter,
@@ -156,37 +167,52 @@ class Trainer:
 
     # -- one optimizer step ---------------------------------------------------------------
     def train_step(self, micro_batches: list[torch.Tensor], lr: float,
-                   thermometers: bool = False) -> dict:
+                   thermometers: bool = False, sources: torch.Tensor | None = None,
+                   num_sources: int = 0) -> dict:
         """Forward/backward over the micro-batches of one global batch ([mbs, L + 1] token
         tensors), clip, and step (or skip the step when the loss or a gradient is not
         finite). Returns loss, grad_norm, skipped and, with ``thermometers``, the per-layer
-        readings."""
+        readings. With ``sources`` (the dataset number of each of this rank's samples, in
+        micro-batch order; ``evaluation.sample_sources``) also ``source_totals``: per dataset
+        of ``num_sources``, the sum of its samples' losses and their count over the global
+        batch (every dp rank's), from this step's forward."""
         if self.pipeline is not None:  # the schedule runs forward/backward over the stages
             return self.pipeline.train_step(micro_batches, lr, self.optimizer, self.precision,
-                                            thermometers)
+                                            thermometers, sources, num_sources)
         model, precision = self.model, self.precision
         model.train()
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         count = len(micro_batches)
         total = torch.zeros((), device=self.device)
+        per_sample = []
         for index, tokens in enumerate(micro_batches):
             tokens = tokens.to(self.device, non_blocking=True)
             model.set_thermometers(thermometers and index == 0)
             # data parallelism reduces gradients once, after the last micro-batch
             set_gradient_sync(model, index == count - 1)
             with self.loss_context():
-                loss = self._forward_loss(tokens)
+                if sources is None:
+                    loss = self._forward_loss(tokens)
+                else:
+                    loss, samples_loss = self._forward_loss(tokens, per_sample=True)
+                    per_sample.append(samples_loss)
                 precision.scale(loss / count).backward()
             total += loss.detach()
         model.set_thermometers(False)
         loss = self._mean_over_data_parallel(total / count)
+        totals = None
+        if sources is not None:
+            totals = self._sum_over_data_parallel(
+                source_totals(torch.cat(per_sample), sources, num_sources))
         if precision.scaler is not None:
             precision.scaler.unscale_(self.optimizer)
         clip = self.cfg.optimizer.clip_grad or math.inf
         grad_norm = clip_grad_norm(model.parameters(), clip)
         finite = bool(torch.isfinite(grad_norm)) and bool(torch.isfinite(loss))
         result = {"loss": float(loss), "grad_norm": float(grad_norm), "skipped": not finite}
+        if totals is not None:
+            result["source_totals"] = totals.tolist()
         if thermometers:
             result["thermometers"] = thermometer_readings(model)
         if precision.scaler is not None:
@@ -197,17 +223,24 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         return result
 
-    def _forward_loss(self, tokens: torch.Tensor) -> torch.Tensor:
-        """The mean loss of a [mbs, L + 1] token batch (inside ``loss_context``). Without
+    def _forward_loss(self, tokens: torch.Tensor, per_sample: bool = False
+                      ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """The mean loss of a [mbs, L + 1] token batch (inside ``loss_context``), and with
+        ``per_sample`` each sample's mean loss [mbs] (detached) from the same forward. Without
         tensor parallelism the model fuses its head with the loss (no fp32 logits: 3-4x
         faster than cross-entropy over materialized logits on CPU, ``model/loss.py``);
         vocabulary-sharded logits go through ``loss_parallel``."""
+        labels = tokens[:, 1:]
         if self.layout.tp == 1:
             with self.precision.autocast():
-                return self.model(tokens[:, :-1], labels=tokens[:, 1:])
+                out = self.model(tokens[:, :-1], labels=labels, token_losses=per_sample)
+            return (out[0], per_sample_means(out[1], labels)) if per_sample else out
         with self.precision.autocast():
             logits = self.model(tokens[:, :-1])
-        return self.loss_fn(logits, tokens[:, 1:])
+        if not per_sample:
+            return self.loss_fn(logits, labels)
+        loss, token_losses = token_cross_entropy(logits, labels)
+        return loss, per_sample_means(token_losses, labels)
 
     def full_model_state(self) -> dict[str, torch.Tensor]:
         """The whole model's parameters as plain CPU tensors under the single-process names,
@@ -226,26 +259,38 @@ class Trainer:
         """The mean of a per-rank scalar over the dp ranks (the global batch's loss)."""
         if self.layout.dp == 1:
             return value
+        return self._sum_over_data_parallel(value) / self.layout.dp
+
+    def _sum_over_data_parallel(self, value: torch.Tensor) -> torch.Tensor:
+        """The sum of a per-rank tensor over the dp ranks."""
+        if self.layout.dp == 1:
+            return value
         import torch.distributed as dist
 
         value = value.clone()
         dist.all_reduce(value, op=dist.ReduceOp.SUM, group=self.mesh["dp"].get_group())
-        return value / self.layout.dp
+        return value
 
     @torch.no_grad()
-    def evaluate(self, samples, num_samples: int) -> dict:
+    def sample_losses(self, samples) -> torch.Tensor:
+        """Each sample's mean loss ([len(samples)] fp32 on CPU, on every rank), forward only in
+        micro-batches of ``train.micro_batch_size``. Collective: every rank evaluates every
+        sample (FSDP's gathers need all dp ranks in each forward)."""
         if self.pipeline is not None:
-            return self.pipeline.evaluate(samples, num_samples)
+            return self.pipeline.sample_losses(samples)
         self.model.eval()
-        mbs = self.cfg.train.micro_batch_size
-        losses = []
-        for first in range(0, min(num_samples, len(samples)), mbs):
-            ids = range(first, min(first + mbs, num_samples, len(samples)))
-            tokens = torch.stack([samples[i] for i in ids]).to(self.device)
+
+        def forward(tokens: torch.Tensor) -> torch.Tensor:
             with self.loss_context():
-                losses.append(float(self._forward_loss(tokens)) * len(ids))
-        loss = sum(losses) / max(1, min(num_samples, len(samples)))
-        return {"valid_loss": loss, "valid_ppl": math.exp(min(loss, 80.0))}
+                return self._forward_loss(tokens.to(self.device), per_sample=True)[1]
+
+        return batched_sample_losses(forward, samples, self.cfg.train.micro_batch_size)
+
+    def evaluate(self, samples, num_samples: int, split: str = "valid") -> dict:
+        """``{split}_loss`` and ``{split}_ppl`` over the first ``num_samples`` samples and, when
+        ``samples`` is a blend of several datasets, ``{split}_loss/NAME`` / ``{split}_ppl/NAME``
+        over the first ``num_samples`` of each dataset's own split (``evaluation.py``)."""
+        return evaluate_split(self.sample_losses, samples, num_samples, split).record()
 
     # -- the run ----------------------------------------------------------------------------
     def total_steps(self) -> int:
@@ -387,20 +432,23 @@ class Trainer:
         return self.state
 
     def _open_batches(self, train):
-        """Micro-batch iterator (and, when spike faults are injected, the sample ids of each
-        micro-batch) from the current position."""
+        """Micro-batch iterator and, when spike faults are injected or the train split is a
+        blend (per-source losses at log steps), the sample ids of each micro-batch, from the
+        current position."""
         cfg = self.cfg
         sampler = MegatronSampler(cfg.train.train_samples, self.state["consumed_samples"],
                                   cfg.train.micro_batch_size, self.layout.dp_rank,
                                   self.layout.dp, self.skips)
         loader = iter(make_loader(train, sampler, cfg.data.num_workers,
                                   cfg.data.prefetch_factor, self.device.type == "cuda"))
-        return loader, (iter(sampler) if faults.spike_samples() else None)
+        wants_ids = faults.spike_samples() or blend_of(train) is not None
+        return loader, (iter(sampler) if wants_ids else None)
 
     def _train(self, train, splits, metrics, profiler) -> None:
         cfg, guard = self.cfg, self.guard
         total_steps = self.total_steps()
         loader, sample_ids = self._open_batches(train)
+        blend = blend_of(train)
         window = {"start": time.perf_counter(), "tokens": 0, "samples": 0, "steps": 0}
         steps_here = 0
         while self.state["step"] < total_steps and not (
@@ -414,16 +462,20 @@ class Trainer:
             length = sequence_length(cfg, state["consumed_tokens"])
             micro = [next(loader)[:, : length + 1]
                      for _ in range(size // (cfg.train.micro_batch_size * self.layout.dp))]
-            if sample_ids is not None:
-                micro = faults.corrupt_spiked(micro, [next(sample_ids) for _ in micro],
-                                              cfg.model.vocab_size)
+            ids = [next(sample_ids) for _ in micro] if sample_ids is not None else None
+            if ids is not None:  # unchanged unless spike faults are injected
+                micro = faults.corrupt_spiked(micro, ids, cfg.model.vocab_size)
+            log_step = step % cfg.train.log_interval == 0 or step == total_steps
+            # per-source losses at log steps only: the blend's provenance of this rank's ids
+            sources = sample_sources(train, ids) if log_step and blend is not None else None
             self._check_ids(micro, step)
             progress, total = self._progress()
             lr = learning_rate(progress, total, cfg.optimizer, cfg.schedule)
             thermo = bool(cfg.monitor.thermometer_interval
                           and step % cfg.monitor.thermometer_interval == 0)
             faults.fire("step", step=step)
-            result = self.train_step(micro, lr, thermometers=thermo)
+            result = self.train_step(micro, lr, thermometers=thermo, sources=sources,
+                                     num_sources=len(blend.names) if blend else 0)
             verdict = guard.judge(result)
             guard.watchdog.disarm(step_finished=True)
             if verdict.finding is not None and self._roll_back(verdict.finding, step, metrics):
@@ -439,8 +491,10 @@ class Trainer:
             window["tokens"] += size * length
             window["samples"] += size
             window["steps"] += 1
-            if step % cfg.train.log_interval == 0 or step == total_steps:
+            if log_step:
                 record = self._record(result, lr, size, length, window)
+                if "source_totals" in result:
+                    record.update(source_loss_record(result["source_totals"], blend.names))
                 metrics.write(record)
                 self.log(console_line(record, total_steps))
                 window = {"start": time.perf_counter(), "tokens": 0, "samples": 0, "steps": 0}
@@ -522,8 +576,7 @@ class Trainer:
                   **self.evaluate(splits["valid"], self.cfg.train.eval_samples)}
         self.guard.watchdog.disarm()
         metrics.write(record)
-        self.log(f"step {step} | valid loss {record['valid_loss']:.4f} | "
-                 f"ppl {record['valid_ppl']:.2f}")
+        self.log(valid_console_line(record))
 
     def _check_ids(self, micro: list[torch.Tensor], step: int) -> None:
         largest = max(int(batch.max()) for batch in micro)

@@ -100,6 +100,11 @@ def console_line(record: dict, total_steps: int | None) -> str:
         parts.append(f"scale {record['loss_scale']:g}")
     if record.get("skipped_steps"):
         parts.append(f"skipped {record['skipped_steps']}")
+    # a blend's per-source losses of this step (evaluation.py), compactly at the end
+    sources = [f"{key.split('/', 1)[1]} {value:.2f}" for key, value in record.items()
+               if key.startswith("train_loss/")]
+    if sources:
+        parts.append(" · ".join(sources))
     return " | ".join(parts)
 
 

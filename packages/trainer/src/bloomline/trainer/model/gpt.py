@@ -88,10 +88,11 @@ class GPT(nn.Module):
         # keeps word_embeddings only as the tied head's weight)
         self.embeds_tokens = True
 
-    def forward(self, input_ids: torch.Tensor,
-                labels: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
+                token_losses: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """``input_ids`` [b, L] -> logits [b, L, vocab], or with ``labels`` [b, L] the mean
-        fp32 cross-entropy (labels < 0 ignored) without materializing fp32 logits. A pipeline
+        fp32 cross-entropy (labels < 0 ignored) without materializing fp32 logits; with
+        ``token_losses`` too, (mean, each token's fp32 loss [b, L], detached). A pipeline
         stage without the embedding (``word_embeddings`` None or ``embeds_tokens`` False) takes
         hidden states [b, L, h] instead, and one without the head (``ln_f`` None) returns
         hidden states. Vocabulary-sharded (tensor-parallel) heads take the logits path."""
@@ -103,7 +104,8 @@ class GPT(nn.Module):
         if self.ln_f is None:
             return x
         if labels is not None:
-            return linear_cross_entropy(self.ln_f(x), self.word_embeddings.weight, labels)
+            return linear_cross_entropy(self.ln_f(x), self.word_embeddings.weight, labels,
+                                        token_losses)
         return self.head(x)
 
     def attention_bias(self, seq_length: int, device: torch.device) -> torch.Tensor | None:

@@ -17,7 +17,9 @@ Mental model:
 - The loss runs on the last stage in fp32 (``lm_loss``), divided by the micro-batch count
   (``scale_grads=False``): the gradients are those of the mean of the micro-batch means, as in
   the single-process loop. The loss is averaged over dp and broadcast from the last stage, so
-  every rank logs it and takes the same NaN-skip decision.
+  every rank logs it and takes the same NaN-skip decision. Per-sample losses (evaluation, the
+  per-source train loss at log steps) also come from the last stage's loss: summed per
+  dataset over dp there, then broadcast over pp like the loss.
 - Tied embedding: see ``_TiedEmbedding``. Gradient-norm clipping: see ``clip_grad_norm``.
 - Data parallelism inside a stage (ZeRO 0-3, data_parallel.py): the schedule, not the loop,
   runs backward, and ``PipelineStage`` drives FSDP2 (``replicate`` for ZeRO-0/1,
@@ -181,6 +183,9 @@ class Pipeline:
         self._schedules: dict = {}
         self._losses: list[torch.Tensor] = []
         self._loss_divisor = 1
+        # per micro-batch [mbs] sample losses, kept while a run asks for them (else None)
+        self._sample_losses: list[torch.Tensor] | None = None
+        self.last_sample_losses = torch.zeros(0)
 
     # -- construction helpers ------------------------------------------------------------
     def _static_microbatches(self) -> int:
@@ -252,7 +257,13 @@ class Pipeline:
     def _loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """The last stage's loss for one micro-batch: the fp32 mean cross-entropy, recorded,
         and divided by the micro-batch count (and scaled for fp16) for backward."""
-        loss = self.loss_fn(logits, labels)
+        if self._sample_losses is None:
+            loss = self.loss_fn(logits, labels)
+        else:
+            from bloomline.trainer.evaluation import per_sample_means, token_cross_entropy
+
+            loss, token_losses = token_cross_entropy(logits, labels)
+            self._sample_losses.append(per_sample_means(token_losses, labels))
         self._losses.append(loss.detach())
         scaled = loss / self._loss_divisor
         return self._scaler.scale(scaled) if self._scaler is not None else scaled
@@ -267,15 +278,18 @@ class Pipeline:
         return self.num_stages - 1 in self.stage_ids
 
     def _run(self, tokens: torch.Tensor, count: int, training: bool,
-             thermometers: bool = False) -> torch.Tensor:
+             thermometers: bool = False, per_sample: bool = False) -> torch.Tensor:
         """One schedule step over ``tokens`` [b, L + 1] split into ``count`` micro-batches;
-        returns the per-micro-batch losses on every rank ([count], fp32)."""
+        returns the per-micro-batch losses on every rank ([count], fp32). With
+        ``per_sample``, the last stage also keeps each sample's loss in
+        ``self.last_sample_losses`` ([b], in order; zeros on the other stages)."""
         tokens = tokens.to(self.device, non_blocking=True)
         shape = (tokens.shape[0] // count, tokens.shape[1] - 1)
         schedule, stages = self._schedule(count, shape, training)
         for stage in stages:
             stage.thermometers = thermometers
         self._losses = []
+        self._sample_losses = [] if per_sample else None
         self._loss_divisor = count
         args = (tokens[:, :-1],) if self.holds_first else ()
         target = tokens[:, 1:] if self.holds_last else None
@@ -289,16 +303,23 @@ class Pipeline:
         # gradient shapes (metadata inference, before the micro-batches run)
         losses = (torch.stack(self._losses[-count:]).float() if self.holds_last
                   else torch.zeros(count, device=self.device))
+        if per_sample:  # as the losses: the last ``count`` micro-batches' (shape inference)
+            self.last_sample_losses = (torch.cat(self._sample_losses[-count:]).float()
+                                       if self.holds_last
+                                       else torch.zeros(tokens.shape[0], device=self.device))
+            self._sample_losses = None
         # the last stage has them: every rank needs them to log and to skip in agreement
         dist.broadcast(losses, group=self.pp_group, group_src=self.layout.pp - 1)
         return losses
 
     def train_step(self, micro_batches: list[torch.Tensor], lr: float, optimizer, precision,
-                   thermometers: bool = False) -> dict:
+                   thermometers: bool = False, sources: torch.Tensor | None = None,
+                   num_sources: int = 0) -> dict:
         """``Trainer.train_step`` under pipeline parallelism: the schedule runs forward and
         backward over the step's micro-batches (concatenated, then split by the schedule into
         ``parallel.pipeline_microbatches``), then the tied gradients are summed, the norm
-        clipped over all stages, and the optimizer steps (or every rank skips)."""
+        clipped over all stages, and the optimizer steps (or every rank skips). ``sources``:
+        as ``Trainer.train_step`` (the per-source sums come from the last stage)."""
         for group in optimizer.param_groups:
             group["lr"] = lr
         self._scaler = precision.scaler
@@ -308,16 +329,27 @@ class Pipeline:
         self._check_microbatches(count, samples)
         for chunk in self.chunks:
             chunk.train()
-        losses = self._run(tokens, count, training=True, thermometers=thermometers)
+        losses = self._run(tokens, count, training=True, thermometers=thermometers,
+                           per_sample=sources is not None)
         for chunk in self.chunks:
             chunk.set_thermometers(False)
         loss = self._mean_over_data_parallel(losses.mean())
+        totals = None
+        if sources is not None:
+            from bloomline.trainer.evaluation import source_totals
+
+            # zeros off the last stage: summed over dp everywhere, then the last stage's sent
+            totals = self._sum_over_data_parallel(
+                source_totals(self.last_sample_losses, sources, num_sources))
+            dist.broadcast(totals, group=self.pp_group, group_src=self.layout.pp - 1)
         self.tied.all_reduce_grad()
         if self._scaler is not None:
             self._unscale(optimizer)  # an inf/NaN on any stage: every rank skips
         grad_norm = self.clip_grad_norm(self.cfg.optimizer.clip_grad or math.inf)
         finite = bool(torch.isfinite(grad_norm)) and bool(torch.isfinite(loss))
         result = {"loss": float(loss), "grad_norm": float(grad_norm), "skipped": not finite}
+        if totals is not None:
+            result["source_totals"] = totals.tolist()
         if thermometers:
             result["thermometers"] = self.thermometer_readings()
         if self._scaler is not None:
@@ -344,19 +376,25 @@ class Pipeline:
     def _mean_over_data_parallel(self, value: torch.Tensor) -> torch.Tensor:
         if self.dp_group is None:
             return value
+        return self._sum_over_data_parallel(value) / self.layout.dp
+
+    def _sum_over_data_parallel(self, value: torch.Tensor) -> torch.Tensor:
+        if self.dp_group is None:
+            return value
         value = value.clone()
         dist.all_reduce(value, op=dist.ReduceOp.SUM, group=self.dp_group)
-        return value / self.layout.dp
+        return value
 
     @torch.no_grad()
-    def evaluate(self, samples, num_samples: int) -> dict:
-        """Mean validation loss over the first ``num_samples`` samples (every rank evaluates
-        them all, as without pipelining): groups of stages x micro-batches, forward only."""
+    def sample_losses(self, samples) -> torch.Tensor:
+        """Each sample's loss ([len(samples)] fp32 on CPU, on every rank; every rank
+        evaluates them all, as without pipelining): groups of stages x micro-batches, forward
+        only, the last stage's per-sample losses broadcast over pp."""
         for chunk in self.chunks:
             chunk.eval()
         self._scaler = None
         mbs = self.cfg.train.micro_batch_size
-        total = min(num_samples, len(samples))
+        total = len(samples)
         # runs of up to (stages) micro-batches of mbs samples, then the remainder as one
         runs, first = [], 0
         while total - first >= mbs:
@@ -365,12 +403,14 @@ class Pipeline:
             first += count * mbs
         if first < total:
             runs.append((first, total - first, 1))
-        weighted = 0.0
+        out = []
         for start, size, count in runs:
             tokens = torch.stack([samples[i] for i in range(start, start + size)])
-            weighted += float(self._run(tokens, count, training=False).sum()) * (size / count)
-        loss = weighted / max(1, total)
-        return {"valid_loss": loss, "valid_ppl": math.exp(min(loss, 80.0))}
+            self._run(tokens, count, training=False, per_sample=True)
+            losses = self.last_sample_losses
+            dist.broadcast(losses, group=self.pp_group, group_src=self.layout.pp - 1)
+            out.append(losses.cpu())
+        return torch.cat(out) if out else torch.zeros(0)
 
     # -- clipping, state -----------------------------------------------------------------
     def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
