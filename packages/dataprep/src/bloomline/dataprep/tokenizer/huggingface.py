@@ -21,7 +21,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +42,9 @@ WELL_KNOWN_TOKENS = {
 }
 _CONFIG_KEYS = {"eod": "eos_token", "bos": "bos_token", "pad": "pad_token", "unk": "unk_token"}
 _BYTE_PIECE = re.compile(r"^<0x[0-9A-F]{2}>$")
+# Batches of at least this many characters are encoded on a helper thread (see encode_batch):
+# starting one costs ~0.1 ms, encoding 64k characters ~20 ms.
+_HELPER_THREAD_CHARS = 1 << 16
 
 
 class HuggingFaceTokenizer(Tokenizer):
@@ -101,6 +106,21 @@ class HuggingFaceTokenizer(Tokenizer):
                 + ", ".join(WELL_KNOWN_TOKENS["eod"]) + " in its vocabulary)")
 
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
+        try:
+            big = sum(map(len, texts)) >= _HELPER_THREAD_CHARS
+        except TypeError:  # not all strings: the library's own error says which
+            big = False
+        if big and threading.current_thread() is threading.main_thread():
+            # The library spends ~40% of its time in malloc and free (a string per token).
+            # On the main thread they go to glibc's main arena, which the interpreter shares,
+            # and ran 10-20% slower there than on any other thread, which gets an arena of its
+            # own (benchmarks/bench_tokenize.py). So a big batch is encoded on a helper
+            # thread while this one waits; the ids are the same.
+            with ThreadPoolExecutor(1, thread_name_prefix="tokenizers-encode") as helper:
+                return helper.submit(self._encode_ids, texts).result()
+        return self._encode_ids(texts)
+
+    def _encode_ids(self, texts: list[str]) -> list[np.ndarray]:
         # encode_batch_fast skips the character offsets, which we never use. The library runs
         # a batch on its own thread pool unless TOKENIZERS_PARALLELISM is false; the pipeline's
         # workers set it (one thread each, see pipeline._init_worker).

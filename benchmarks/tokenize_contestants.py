@@ -1,0 +1,309 @@
+"""What ``bench_tokenize.py`` times besides the pipeline: the corpus, the limits, the baselines.
+
+- :func:`build_corpus` / :func:`load_batches`: the generated jsonl corpus, and its texts in
+  memory batched as the pipeline's chunks cut it;
+- :func:`limit_encoder`: a tokenizer's own batch encode, the per-core limit (``"tokenizer"``:
+  our ``Tokenizer.encode_batch``, which for SentencePiece is the library's numpy-returning
+  ``Encode``; ``"library"``: ``tokenizers.Tokenizer.encode_batch_fast`` with each encoding's
+  ``.ids`` read out, nothing of ours around it, called on a helper thread, where it runs
+  fastest; ``"library-main-thread"``: the same on the calling thread);
+  :class:`ConcurrentLimit`: the same in w processes at once;
+- :func:`naive_loop`: Megatron-style one document at a time (SentencePiece);
+- :func:`datasets_map`: ``datasets.Dataset.map(batched=True)`` with a ``tokenizers.Tokenizer``;
+- :class:`OtherLoad` and the machine description for the result file.
+"""
+
+from __future__ import annotations
+
+import filecmp
+import json
+import multiprocessing
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from bloomline.dataprep.demo_corpus import iter_stdlib_documents
+from bloomline.dataprep.indexed_dataset import write_index
+from bloomline.dataprep.sources import expand_inputs, iter_chunks
+from bloomline.dataprep.tokenizer import Tokenizer, load_tokenizer
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Sentences outside the tokenizer's usual alphabet: rare enough in the corpus that many of
+# their characters go through SentencePiece's byte-fallback path.
+NON_ASCII = [
+    "Функция возвращает новый список, не изменяя исходный.",
+    "Если файл не найден, возбуждается исключение OSError.",
+    "この関数は文字列を受け取り、バイト列を返します。",
+    "引数が省略された場合は、既定のエンコーディングが使われます。",
+    "该函数返回一个迭代器，按顺序产生每一行。",
+    "缓冲区满时，写入操作会阻塞直到有空间可用。",
+    "이 메서드는 스레드에 안전하지 않습니다.",
+    "Η συνάρτηση επιστρέφει το μήκος της ακολουθίας.",
+    "Ça marche déjà très bien — même avec des caractères accentués.",
+    "Build passed ✅ tests green 🎉 deploy 🚀 coffee ☕ bugs 🐛🐛",
+]
+NON_ASCII_SHARE = 0.02
+
+
+def build_corpus(path: Path, size_mb: float) -> None:
+    """Write ~size_mb MB of jsonl documents drawn from stdlib paragraphs (seeded, so fixed)."""
+    texts = [doc["text"] for doc in iter_stdlib_documents()]
+    paras = [p for t in texts for p in re.split(r"\n\s*\n", t) if p.strip()]
+    para_bytes = np.array([len(p.encode()) + 2 for p in paras])  # + the "\n\n" joining them
+    rng = np.random.default_rng(1234)
+    target = size_mb * 1e6
+    # Lognormal lengths: median ~1.6 KB, mean ~3 KB, a few documents of ~100 KB.
+    mu, sigma = np.log(3000) - 1.1**2 / 2, 1.1
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    written = 0
+    try:
+        with open(tmp, "wb") as fh:
+            doc_id = 0
+            while written < target:
+                want = float(np.clip(rng.lognormal(mu, sigma), 200, 120_000))
+                # Draw a generous batch of paragraphs, keep those that reach the length.
+                idx = rng.integers(0, len(paras), size=int(want / 80) + 4)
+                keep = int(np.searchsorted(np.cumsum(para_bytes[idx]), want)) + 1
+                doc = [paras[i] for i in idx[:keep]]
+                if rng.random() < NON_ASCII_SHARE:
+                    for pos in sorted(rng.integers(0, len(doc) + 1, size=len(doc) // 2 + 1),
+                                      reverse=True):
+                        picks = rng.integers(0, len(NON_ASCII), size=rng.integers(1, 4))
+                        doc.insert(int(pos), " ".join(NON_ASCII[i] for i in picks))
+                line = json.dumps({"id": doc_id, "text": "\n\n".join(doc)}, ensure_ascii=False)
+                written += fh.write((line + "\n").encode())
+                doc_id += 1
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def load_batches(corpus: Path) -> tuple[list[list[str]], dict]:
+    """Every text in memory, batched as the pipeline cuts the file into chunks (one worker)."""
+    with open(corpus, encoding="utf-8") as fh:
+        texts = [json.loads(line)["text"] for line in fh]
+    batches, start = [], 0
+    for chunk in iter_chunks(expand_inputs([str(corpus)])):
+        count = chunk.payload.count(b"\n")
+        batches.append(texts[start : start + count])
+        start += count
+    assert start == len(texts), "chunk line counts do not cover the corpus"
+    sizes = [len(t.encode()) for t in texts]
+    return batches, {"documents": len(texts), "text_bytes": sum(sizes), "longest": max(sizes),
+                     "non_ascii": sum(not t.isascii() for t in texts)}
+
+
+# ------------------------------------------------------------------------------ limits
+
+
+def limit_encoder(tok: Tokenizer, mode: str) -> Callable[[list[str]], list]:
+    """The batch encode a limit times (see the module docstring for the modes)."""
+    if mode in ("library", "library-main-thread"):
+        backend = tok.backend  # the tokenizers.Tokenizer itself
+
+        def encode(texts: list[str]) -> list[list[int]]:
+            return [e.ids for e in backend.encode_batch_fast(texts)]
+        if mode == "library-main-thread":
+            return encode
+        # The library runs 10-30% faster on any thread but the main one (glibc's main malloc
+        # arena, which the interpreter shares, is slower for its many small allocations), so
+        # its best one-thread speed is on a helper thread; the caller waits.
+        helper = ThreadPoolExecutor(1, thread_name_prefix="limit-encode")
+        return lambda texts: helper.submit(encode, texts).result()
+    return tok.encode_batch
+
+
+def encode_all(batches: list[list[str]], encode) -> int:
+    return sum(sum(map(len, encode(batch))) for batch in batches)
+
+
+def _limit_worker(spec: str, mode: str, batches: list[list[str]], tasks, results) -> None:
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread, as each pipeline worker
+    encode = limit_encoder(load_tokenizer(spec), mode)
+    results.put(0)  # ready: the model is loaded, the texts are in memory
+    while (index := tasks.get()) is not None:
+        results.put(sum(map(len, encode(batches[index]))))
+
+
+class ConcurrentLimit:
+    """The w-core limit: w processes encoding in-memory texts at once, nothing else running.
+
+    When all cores are busy each may run at another speed than one busy core alone (shared
+    caches and memory, and on a virtual machine its neighbours), so the per-worker efficiency
+    of w workers is shown against this limit too. Batches are handed out from a queue, as
+    the pipeline hands out chunks; the processes start (and load their copy of the texts)
+    before the clock starts.
+    """
+
+    def __init__(self, spec: Path, mode: str, batches: list[list[str]], workers: int) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self.num_batches = len(batches)
+        self.tasks, self.results = ctx.Queue(), ctx.Queue()
+        self.procs = [ctx.Process(target=_limit_worker,
+                                  args=(str(spec), mode, batches, self.tasks, self.results))
+                      for _ in range(workers)]
+        for proc in self.procs:
+            proc.start()
+        for _ in self.procs:
+            self.results.get()
+
+    def __call__(self) -> int:
+        for index in range(self.num_batches):
+            self.tasks.put(index)
+        return sum(self.results.get() for _ in range(self.num_batches))
+
+    def cpu_seconds(self) -> float:
+        """CPU seconds its (live, so not yet counted in os.times) processes have used."""
+        total = 0
+        for proc in self.procs:
+            with open(f"/proc/{proc.pid}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+        return total / os.sysconf("SC_CLK_TCK")
+
+    def close(self) -> None:
+        for _ in self.procs:
+            self.tasks.put(None)
+        for proc in self.procs:
+            proc.join()
+
+
+# --------------------------------------------------------------------------- baselines
+
+
+def naive_loop(corpus: Path, tok: Tokenizer, prefix: Path) -> int:
+    """Megatron-style: one document at a time through Python, .idx written at the end."""
+    lengths, doc_bounds, num_tokens = [], [0], 0
+    with open(corpus, encoding="utf-8") as fin, open(f"{prefix}.bin", "wb") as fout:
+        for line in fin:
+            ids = tok._sp.Encode(json.loads(line)["text"], out_type=int)
+            if ids:  # Megatron's convention: an empty document gets no EOD and no sequence
+                ids.append(tok.eod_id)
+                fout.write(np.array(ids, dtype=tok.token_dtype).tobytes())
+                lengths.append(len(ids))
+                num_tokens += len(ids)
+            doc_bounds.append(len(lengths))
+    write_index(f"{prefix}.idx", tok.token_dtype, np.array(lengths, dtype=np.int64),
+                np.array(doc_bounds, dtype=np.int64))
+    return num_tokens
+
+
+def load_hf_dataset(corpus: Path, cache: Path):
+    """The corpus as a ``datasets`` Dataset (its Arrow copy is cached in ``cache``)."""
+    import datasets
+
+    datasets.disable_progress_bars()
+    datasets.logging.set_verbosity_error()
+    return datasets.load_dataset("json", data_files=str(corpus), split="train",
+                                 cache_dir=str(cache))
+
+
+def _map_ids(batch: dict, tokenizer) -> dict:
+    return {"input_ids": [e.ids for e in tokenizer.encode_batch_fast(batch["text"])]}
+
+
+def datasets_map(dataset, tokenizer, num_proc: int, scratch: Path) -> int:
+    """``dataset.map(batched=True)`` to ``input_ids`` (int32 lists), as HF's recipes do.
+
+    What it includes: datasets hashing the function for the cache fingerprint, starting
+    ``num_proc`` processes (sending them the tokenizer), reading the text column from the
+    Arrow file, ``encode_batch_fast`` + ``.ids`` per batch of 1,000 documents (map's
+    default), and writing the ids into map's own Arrow cache file(s) in ``scratch`` (deleted
+    afterwards). The input columns are dropped, so nothing else is written. One thread per
+    process (TOKENIZERS_PARALLELISM=false, as the caller sets). Returns the token count.
+    """
+    import datasets
+    import pyarrow.compute as pc
+
+    out_dir = Path(tempfile.mkdtemp(prefix="map.", dir=scratch))
+    try:
+        features = datasets.Features({"input_ids": datasets.Sequence(datasets.Value("int32"))})
+        out = dataset.map(_map_ids, batched=True, fn_kwargs={"tokenizer": tokenizer},
+                          num_proc=num_proc if num_proc > 1 else None,
+                          remove_columns=dataset.column_names, features=features,
+                          cache_file_name=str(out_dir / "map.arrow"),
+                          load_from_cache_file=False)
+        num_tokens = int(pc.sum(pc.list_value_length(out.data.column("input_ids"))).as_py())
+        del out
+        return num_tokens
+    finally:
+        shutil.rmtree(out_dir, ignore_errors=True)
+
+
+def same_files(a: Path, b: Path) -> bool:
+    return all(filecmp.cmp(f"{a}{s}", f"{b}{s}", shallow=False) for s in (".bin", ".idx"))
+
+
+# ----------------------------------------------------------------------------- machine
+
+
+def _cpu_busy_seconds() -> float:
+    """CPU seconds all processes have used so far (user, nice, system, irq, softirq, steal)."""
+    with open("/proc/stat") as fh:
+        fields = [int(v) for v in fh.readline().split()[1:]]
+    return sum(fields[i] for i in (0, 1, 2, 5, 6, 7)) / os.sysconf("SC_CLK_TCK")
+
+
+class OtherLoad:
+    """CPU seconds this benchmark used, and cores that other processes kept busy, between
+    start() and cores() / own_cpu().
+
+    Ours: this process, its reaped children (pipeline and datasets workers, which their pools
+    join before returning) and the live limit processes, whose CPU time ``live_seconds``
+    reads.
+    """
+
+    def __init__(self, live_seconds: Callable[[], float]) -> None:
+        self.live_seconds = live_seconds
+
+    def _own(self) -> float:
+        t = os.times()
+        return t.user + t.system + t.children_user + t.children_system + self.live_seconds()
+
+    def start(self) -> OtherLoad:
+        self.wall, self.busy, self.own = time.perf_counter(), _cpu_busy_seconds(), self._own()
+        return self
+
+    def own_cpu(self) -> float:
+        """CPU seconds of our processes since start()."""
+        return self._own() - self.own
+
+    def cores(self) -> float:
+        """Cores other processes kept busy since start(), on average."""
+        wall = time.perf_counter() - self.wall
+        other = (_cpu_busy_seconds() - self.busy) - (self._own() - self.own)
+        return max(other, 0.0) / max(wall, 1e-9)
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown CPU"
+
+
+def git_commit() -> str:
+    """``git rev-parse --short HEAD``, with ``+dirty`` when the tree differs from it.
+
+    ``--no-optional-locks``: status must not refresh (write) the index of a shared checkout.
+    """
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "--no-optional-locks", *args], cwd=REPO, text=True,
+                              capture_output=True, timeout=30).stdout.strip()
+    try:
+        commit = git("rev-parse", "--short", "HEAD") or "unknown"
+        return commit + ("+dirty" if git("status", "--porcelain") else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
