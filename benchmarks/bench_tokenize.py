@@ -221,7 +221,7 @@ def table(kind: str, rows: list[Measurement], res: dict, out) -> list[dict]:
 
     base_col = "vs naive" if kind == SP else "vs map"
     header = (f"{'measurement':<58} {'s':>6} {'MB/s':>6} {'tokens/s':>10} {'%lim/wkr':>8} "
-              f"{'%w-core':>7} {'%lim cpu':>8} {base_col:>8} {'other':>5}  seconds per round")
+              f"{'%w-core':>7} {'%lim cpu':>8} {base_col:>8}  seconds per round | other")
     out(header)
     out("-" * len(header))
     result = []
@@ -245,7 +245,8 @@ def table(kind: str, rows: list[Measurement], res: dict, out) -> list[dict]:
             + (f"{w_core:>6.1f}% " if w_core is not None else f"{'':>8}")
             + f"{row['pct_of_limit_cpu']:>7.1f}% "
             + (f"{vs:>7.2f}x " if vs is not None else f"{'':>9}")
-            + f"{max(t(r.name, 'other')):>5.2f}  " + " ".join(f"{s:.2f}" for s in t(r.name)))
+            + " " + " ".join(f"{s:.2f}" for s in t(r.name)) + " | "
+            + " ".join(f"{c:.2f}" for c in t(r.name, "other")))
     return result
 
 
@@ -398,8 +399,9 @@ def main() -> int:
         "time / time; %lim cpu = the 1-thread limit's CPU seconds / the CPU seconds of all "
         "the row's processes (extra work, whatever the wall clock; other processes on the "
         "machine do not enter it); vs naive / vs map: the baseline's time / time (map: "
-        "num_proc = the row's workers); other: the most cores other processes kept busy "
-        "during the row, over rounds; ratios: median over rounds of each round's ratio.")
+        "num_proc = the row's workers); other: the cores other processes of this machine kept "
+        "busy during the row, per round (a neighbour on the host does not show there); "
+        "ratios: median over rounds of each round's ratio.")
     out("limits: sentencepiece = Encode(texts, return_type='numpy', num_threads=1), the ids "
         "as numpy arrays; tokenizer.json = encode_batch_fast(texts) with TOKENIZERS_PARALLELISM"
         "=false, then .ids of each encoding (Python lists), called on a helper thread while "
