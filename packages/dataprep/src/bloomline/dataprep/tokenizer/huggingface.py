@@ -113,7 +113,7 @@ class HuggingFaceTokenizer(Tokenizer):
         if big and threading.current_thread() is threading.main_thread():
             # The library spends ~40% of its time in malloc and free (a string per token).
             # On the main thread they go to glibc's main arena, which the interpreter shares,
-            # and ran 10-20% slower there than on any other thread, which gets an arena of its
+            # and ran 10-30% slower there than on any other thread, which gets an arena of its
             # own (benchmarks/bench_tokenize.py). So a big batch is encoded on a helper
             # thread while this one waits; the ids are the same.
             with ThreadPoolExecutor(1, thread_name_prefix="tokenizers-encode") as helper:
