@@ -90,15 +90,26 @@ def tokenize(
     chunk_mb: float = typer.Option(
         8.0, help="Most input MiB per unit of work (less for small inputs and near the end)."),
     quiet: bool = typer.Option(False, help="No progress line."),
+    shard: str = typer.Option(
+        None, metavar="K/N", help="Tokenize only part K (0..N-1) of N deterministic parts of "
+        "the inputs (one per SLURM array task); `dataprep merge` of the N outputs in order "
+        "gives the single run's bytes."),
+    ray: str = typer.Option(
+        None, metavar="[ADDRESS]", help="Run the chunks as Ray tasks: on the cluster at "
+        "ADDRESS (HOST:PORT, ray://HOST:PORT, auto), or on a Ray instance started here when "
+        "ADDRESS is left out. Inputs, tokenizer and output must be on a filesystem every node "
+        "sees."),
 ) -> None:
     """Tokenize corpora into Megatron-compatible NAME.bin/NAME.idx."""
     from bloomline.dataprep.pipeline import tokenize_corpus
+    from bloomline.dataprep.sharding import parse_shard
 
     summary = tokenize_corpus(
         inputs, tokenizer, output, keys=json_key, workers=workers, append_eod=append_eod,
         overwrite=overwrite, skip_bad_lines=skip_bad_lines, txt_per_line=txt_per_line,
         max_chunk_bytes=max(1, int(chunk_mb * (1 << 20))), show_progress=not quiet,
-        eod_token=eod_token)
+        eod_token=eod_token, shard=parse_shard(shard) if shard is not None else None,
+        ray_address=ray)
     for message in summary.skipped_messages:
         typer.echo(f"skipped: {message}", err=True)
     typer.echo(summary.format())
@@ -110,12 +121,19 @@ def merge(
     output: str = typer.Option(..., help="Output prefix corpus/NAME."),
     overwrite: bool = typer.Option(False, help="Replace an existing output."),
 ) -> None:
-    """Concatenate token files (same dtype) into one .bin/.idx pair."""
-    from bloomline.dataprep.indexed_dataset import merge_indexed_datasets
+    """Concatenate token files (same dtype) into one .bin/.idx pair. The N parts of a
+    `tokenize --shard K/N` job, given in shard order, give the single run's bytes."""
+    from bloomline.dataprep.indexed_dataset import IndexedDataset, merge_indexed_datasets
+    from bloomline.dataprep.sharding import check_shard_parts, format_merge_summary
 
+    # checked before anything is written: parts of one job, each once, in shard order
+    counts = [IndexedDataset(prefix).num_documents for prefix in prefixes]
+    parts = check_shard_parts(prefixes, counts)
     merged = merge_indexed_datasets(prefixes, output, overwrite=overwrite)
     typer.echo(f"wrote {output}.bin/.idx: {merged.num_documents:,} documents, "
                f"{merged.num_tokens:,} tokens")
+    if parts:
+        typer.echo(format_merge_summary(parts))
 
 
 @app.command("build-index")
@@ -156,9 +174,24 @@ def build_index(
                format_report(built.report))
 
 
+def _ray_address_optional(argv: list[str]) -> list[str]:
+    """``--ray`` with its ADDRESS left out means "local": click options need a value, so a
+    bare ``--ray`` gets "local" unless the next word looks like an address."""
+    out = []
+    for position, word in enumerate(argv):
+        out.append(word)
+        if word != "--ray":
+            continue
+        following = argv[position + 1] if position + 1 < len(argv) else ""
+        if not (":" in following or following in ("auto", "local")):
+            out.append("local")
+    return out
+
+
 def main() -> None:
     """Console entry point: user errors become one line on stderr and exit code 1."""
-    exit_on_user_error(lambda: app(prog_name="dataprep"))
+    argv = _ray_address_optional(sys.argv[1:])
+    exit_on_user_error(lambda: app(args=argv, prog_name="dataprep"))
 
 
 if __name__ == "__main__":

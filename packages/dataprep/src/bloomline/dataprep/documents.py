@@ -7,12 +7,13 @@ all keys at once, so the outputs of several ``--json-key``\\ s stay aligned docu
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from dataclasses import dataclass, field
 
 from bloomline.common.errors import UserError
-from bloomline.dataprep.sources import Chunk
+from bloomline.dataprep.sources import Chunk, count_lines_before, read_line_range
 
 __all__ = ["BadInputError", "ChunkDocuments", "extract_documents", "load_hf_dataset"]
 
@@ -54,44 +55,51 @@ def _type_name(value: object) -> str:
     return "null" if value is None else type(value).__name__
 
 
+def _where(chunk: Chunk, offset: int) -> str:
+    """``FILE:LINE`` of line ``offset`` of the chunk (counted from the file's start the first
+    time a byte-range chunk needs it: only messages pay for it)."""
+    if chunk.first_line == 0:
+        chunk.first_line = count_lines_before(chunk.source.path, chunk.start) + 1
+    return f"{chunk.source.path}:{chunk.first_line + offset}"
+
+
 def _json_lines(chunk: Chunk, keys: list[str], out: _Collector) -> None:
-    path = chunk.source.path
     texts = [out.docs.texts[key] for key in keys]
+    at = functools.partial(_where, chunk)  # called on bad lines only
     for offset, raw in enumerate(chunk.payload.split(b"\n")):
         if not raw.strip():
             continue  # blank lines (a trailing newline, separators) are not documents
-        where = f"{path}:{chunk.first_line + offset}"
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError as err:
-            out.bad(f"{where}: not valid UTF-8 (byte {err.start} of the line)")
+            out.bad(f"{at(offset)}: not valid UTF-8 (byte {err.start} of the line)")
             continue
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as err:
             hint = " (a JSON array file? bloomline reads one object per line)" if (
                 line.lstrip().startswith("[")) else ""
-            out.bad(f"{where}: malformed JSON: {err.msg} at column {err.colno}{hint}")
+            out.bad(f"{at(offset)}: malformed JSON: {err.msg} at column {err.colno}{hint}")
             continue
         if not isinstance(obj, dict):
-            out.bad(f"{where}: expected a JSON object, got {_type_name(obj)}")
+            out.bad(f"{at(offset)}: expected a JSON object, got {_type_name(obj)}")
             continue
         values = []
         for key in keys:
             if key not in obj:
                 present = ", ".join(repr(k) for k in list(obj)[:8])
-                out.bad(f"{where}: missing key {key!r} (keys present: {present or 'none'}); "
+                out.bad(f"{at(offset)}: missing key {key!r} (keys present: {present or 'none'}); "
                         "choose the field with --json-key")
                 break
             value = obj[key]
             if not isinstance(value, str):
-                out.bad(f"{where}: key {key!r} is {_type_name(value)}, expected a string")
+                out.bad(f"{at(offset)}: key {key!r} is {_type_name(value)}, expected a string")
                 break
             if "\\ud" in line or "\\uD" in line:  # only JSON escapes can smuggle surrogates in
                 try:
                     value.encode("utf-8")
                 except UnicodeEncodeError:
-                    out.bad(f"{where}: key {key!r} holds an unpaired surrogate escape "
+                    out.bad(f"{at(offset)}: key {key!r} holds an unpaired surrogate escape "
                             "(not valid Unicode)")
                     break
             values.append(value)
@@ -110,8 +118,7 @@ def _text_lines(chunk: Chunk, out: _Collector) -> None:
         try:
             texts.append(raw.decode("utf-8"))
         except UnicodeDecodeError as err:
-            out.bad(f"{chunk.source.path}:{chunk.first_line + offset}: not valid UTF-8 "
-                    f"(byte {err.start} of the line)")
+            out.bad(f"{_where(chunk, offset)}: not valid UTF-8 (byte {err.start} of the line)")
     out.docs.text_bytes += len(chunk.payload)
 
 
@@ -188,6 +195,9 @@ def extract_documents(chunk: Chunk, keys: list[str], skip_bad_lines: bool = Fals
     """
     out = _Collector(keys, skip_bad_lines)
     fmt = chunk.source.format
+    if chunk.kind == "range":  # read here, in the worker: the lines starting in the range
+        payload, first = read_line_range(chunk.source.path, chunk.start, chunk.stop)
+        chunk = dataclasses.replace(chunk, kind="lines", payload=payload, start=first)
     if fmt == "txt" and len(keys) > 1:
         raise UserError(f"{chunk.source.path}: text files have no keys; "
                         "give a single --json-key with .txt inputs")

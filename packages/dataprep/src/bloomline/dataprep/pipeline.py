@@ -11,6 +11,15 @@ main process only splices finished shards into the output with in-kernel copies 
 workers go on. The output is the concatenation of chunks in input order, so its bytes do not
 depend on the number of workers. At most ``2 * workers`` chunks are in flight, so memory is
 bounded however big the corpus is, and no per-document Python list outlives its chunk.
+
+Beyond one machine, the same pieces run on an engine the cluster already has:
+
+- ``--ray [ADDRESS]`` (:mod:`bloomline.dataprep.ray_tasks`): the chunks become Ray tasks on
+  the cluster's cores instead of local worker processes; the splice stays here, so the bytes
+  are the same.
+- ``--shard K/N`` (:mod:`bloomline.dataprep.sharding`): this run does the K-th of N parts of
+  the inputs (one SLURM array task per part), and ``dataprep merge`` of the parts in order
+  writes the single run's bytes.
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ import multiprocessing
 import os
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -28,12 +38,14 @@ from pathlib import Path
 
 import numpy as np
 
+from bloomline.common import faults
 from bloomline.common.atomic import atomic_output_dir, check_can_write
 from bloomline.common.errors import UserError
 from bloomline.common.progress import Counter, Progress
 from bloomline.dataprep.documents import extract_documents
 from bloomline.dataprep.fingerprint import fingerprint_path, write_fingerprint
 from bloomline.dataprep.indexed_dataset import IndexedDatasetWriter
+from bloomline.dataprep.sharding import shard_record_path, shard_sources, write_shard_record
 from bloomline.dataprep.sources import DEFAULT_CHUNK_BYTES, Chunk, expand_inputs, iter_chunks
 from bloomline.dataprep.tokenizer import Tokenizer, load_tokenizer
 
@@ -81,6 +93,13 @@ class TokenizeSummary:
         for key in self.outputs:
             self.num_tokens[key] = self.num_tokens.get(key, 0) + result.num_tokens[key]
             self.num_empty[key] = self.num_empty.get(key, 0) + result.num_empty[key]
+
+    def for_output(self, key: str) -> TokenizeSummary:
+        """The summary of one output (the token counts of its key only)."""
+        return TokenizeSummary(
+            {key: self.outputs[key]}, self.num_documents, {key: self.num_tokens.get(key, 0)},
+            {key: self.num_empty.get(key, 0)}, self.num_skipped, self.skipped_messages,
+            self.text_bytes, self.seconds)
 
     def format(self) -> str:
         """A human summary, one line per output plus the totals."""
@@ -150,6 +169,7 @@ def encode_documents(tokenizer: Tokenizer, texts: list[str], append_eod: bool
 
 
 def _tokenize_chunk(chunk: Chunk) -> _ChunkResult:
+    faults.fire("chunk", chunk=chunk.index)
     tokenizer: Tokenizer = _state["tokenizer"]
     keys: list[str] = _state["keys"]
     docs = extract_documents(chunk, keys, _state["skip_bad_lines"])
@@ -157,7 +177,8 @@ def _tokenize_chunk(chunk: Chunk) -> _ChunkResult:
     for key in keys:
         tokens, lengths = encode_documents(tokenizer, docs.texts[key], _state["append_eod"])
         shard = str(_state["scratch"] / f"chunk{chunk.index:08d}_{key}")
-        with IndexedDatasetWriter(shard, tokenizer.token_dtype) as writer:
+        # overwrite: a retried task (Ray) replaces what an attempt that died left behind
+        with IndexedDatasetWriter(shard, tokenizer.token_dtype, overwrite=True) as writer:
             writer.add_documents(tokens, lengths)
         shards[key] = shard
         num_tokens[key] = len(tokens)
@@ -246,12 +267,20 @@ def tokenize_corpus(
     max_chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     show_progress: bool = True,
     eod_token: str | None = None,
+    shard: tuple[int, int] | None = None,
+    ray_address: str | None = None,
 ) -> TokenizeSummary:
     """Tokenize ``inputs`` into ``output.bin/.idx`` (or ``output_KEY`` per key).
 
     ``max_chunk_bytes`` caps the input bytes per unit of work (see
     :class:`~bloomline.dataprep.sources.ChunkSizer`); it changes only how work is shared,
     never the output bytes.
+
+    ``shard=(K, N)`` tokenizes only the K-th of N parts of the inputs (see
+    :mod:`~bloomline.dataprep.sharding`) and records it in ``output.shard.json``.
+    ``ray_address`` runs the chunks as tasks on that Ray cluster ("local": a Ray instance
+    started here for this job; see :mod:`~bloomline.dataprep.ray_tasks`); ``workers`` is
+    then the number of cores of a local instance.
 
     Raises:
         UserError: for bad input (named by file and line), a bad tokenizer model, or outputs
@@ -266,8 +295,9 @@ def tokenize_corpus(
         raise UserError(f"--output {output}: a folder; give a file prefix like corpus/NAME")
     outputs = output_prefixes(output, keys)
     check_can_write([f"{p}{s}" for p in outputs.values() for s in (".bin", ".idx")], overwrite)
-    sources = expand_inputs(inputs)
-    total_bytes = sum(s.size for s in sources)
+    all_sources = expand_inputs(inputs)
+    sources = all_sources if shard is None else shard_sources(all_sources, *shard, txt_per_line)
+    total_bytes = sum(s.work_bytes for s in sources)
     tokenizer = load_tokenizer(tokenizer_path, eod_token)
     if append_eod:
         tokenizer.eod_id  # noqa: B018 - raises the one-line error before any work
@@ -278,6 +308,7 @@ def tokenize_corpus(
         total=total_bytes or None, total_key="source_bytes",
         enabled=show_progress)
     out_dir = Path(output).parent
+    started = time.time()
     with atomic_output_dir(out_dir, Path(output).name) as scratch:
         writers = {key: IndexedDatasetWriter(prefix, tokenizer.token_dtype, overwrite=overwrite)
                    for key, prefix in outputs.items()}
@@ -286,7 +317,13 @@ def tokenize_corpus(
             init_args = (tokenizer, keys, append_eod, skip_bad_lines, str(scratch))
             ready: dict[int, _ChunkResult] = {}
             next_index = 0
-            for result in _results_in_flight(chunks, workers, init_args):
+            if ray_address is not None:
+                from bloomline.dataprep.ray_tasks import ray_results_in_flight
+
+                results = ray_results_in_flight(chunks, ray_address, workers, init_args)
+            else:
+                results = _results_in_flight(chunks, workers, init_args)
+            for result in results:
                 ready[result.index] = result
                 # Splice finished shards into the outputs in chunk order, while workers go on.
                 while next_index in ready:
@@ -300,8 +337,9 @@ def tokenize_corpus(
                                     tokens=sum(done.num_tokens.values()),
                                     source_bytes=done.source_bytes)
                     next_index += 1
-            for prefix in outputs.values():  # an overwritten output's record goes first
+            for prefix in outputs.values():  # an overwritten output's records go first
                 fingerprint_path(prefix).unlink(missing_ok=True)
+                shard_record_path(prefix).unlink(missing_ok=True)
             for writer in writers.values():
                 writer.finalize()
             for prefix in outputs.values():
@@ -312,4 +350,8 @@ def tokenize_corpus(
             raise
     progress.close()
     summary.seconds = progress.elapsed
+    if shard is not None:  # last: its presence says the part is complete
+        for key, prefix in outputs.items():
+            write_shard_record(prefix, *shard, all_sources, sources, summary.for_output(key),
+                               started, workers)
     return summary

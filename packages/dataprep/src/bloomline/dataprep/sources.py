@@ -1,15 +1,20 @@
 """Input discovery and chunking: turn INPUT arguments into an ordered stream of work chunks.
 
-A *source* is one input file or Hugging Face dataset folder, with its format. A *chunk* is a
-slice of a source small enough to tokenize in seconds: whole lines of a JSON-lines or text file
-(carried as raw bytes, decompressed here for ``.zst``/``.gz``), row groups of a Parquet file,
-a row range of a ``save_to_disk`` folder, or a group of one-document text files. Chunks are
-numbered in input order; the tokenized output is the concatenation of chunks in that order,
-so it does not depend on how many workers tokenized them.
+A *source* is one input file or Hugging Face dataset folder, with its format (or the part of
+one that a ``--shard`` owns, see :mod:`bloomline.dataprep.sharding`). A *chunk* is a slice of a
+source small enough to tokenize in seconds: a byte range of an uncompressed JSON-lines or text
+file (its worker reads the whole lines that *start* in the range), whole lines of a compressed
+one (carried as raw bytes, decompressed here), row groups of a Parquet file, a row range of a
+``save_to_disk`` folder, or a group of one-document text files. Chunks are numbered in input
+order; the tokenized output is the concatenation of chunks in that order, so it does not
+depend on how many workers (or machines) tokenized them.
 
-Line-based chunks are cut here (a sequential scan, far faster than tokenizing) so that
-one big compressed file still feeds every worker, and so that every chunk knows the line
-number of its first line for error messages.
+Uncompressed files are never read here: a byte range is all a worker needs, so the process
+that hands out work moves no text (with Ray, the driver sends each task a few numbers, and
+the task reads its lines from the shared filesystem). A compressed stream cannot be entered
+in the middle, so its lines are cut here, in one sequential pass, so that one big compressed
+file still feeds every worker. Line numbers for error messages: known for compressed chunks;
+for byte ranges, counted from the file's start only when a message needs one.
 """
 
 from __future__ import annotations
@@ -26,7 +31,16 @@ import zstandard
 
 from bloomline.common.errors import UserError
 
-__all__ = ["Chunk", "ChunkSizer", "Source", "expand_inputs", "iter_chunks", "SUPPORTED_SUFFIXES"]
+__all__ = [
+    "Chunk",
+    "ChunkSizer",
+    "SUPPORTED_SUFFIXES",
+    "Source",
+    "count_lines_before",
+    "expand_inputs",
+    "iter_chunks",
+    "read_line_range",
+]
 
 # Longest suffix first so that ".jsonl.zst" is not read as ".zst".
 _FORMATS = {
@@ -53,6 +67,16 @@ class Source:
     format: str  # "jsonl" | "txt" | "parquet" | "hf"
     compression: str | None = None
     size: int = 0  # bytes on disk, for progress and ETA
+    # The part of the source to read (a --shard's part): bytes of an uncompressed line file,
+    # row groups of a Parquet file, rows of a dataset folder; stop None = to the end.
+    start: int = 0
+    stop: int | None = None
+    part_bytes: int | None = None  # the part's share of ``size`` (None: the whole source)
+
+    @property
+    def work_bytes(self) -> int:
+        """On-disk bytes this source stands for in this job (its part's, when a part)."""
+        return self.size if self.part_bytes is None else self.part_bytes
 
 
 @dataclass
@@ -60,10 +84,12 @@ class Chunk:
     """A unit of tokenizing work; ``index`` is its place in the output.
 
     Attributes:
-        kind: "lines" (``payload`` holds whole JSON or text lines), "parquet" (row groups
+        kind: "lines" (``payload`` holds whole JSON or text lines), "range" (the lines of
+            ``source.path`` that start at a byte in ``start:stop``), "parquet" (row groups
             ``groups`` of ``source.path``), "hf" (rows ``start:stop`` of a dataset folder) or
             "files" (``files``, one document each).
-        first_line: 1-based line number of the first line of ``payload``.
+        first_line: 1-based line number of the first line of ``payload``; 0 while unknown
+            (a "range" chunk; see :func:`count_lines_before`).
         source_bytes: this chunk's share of the on-disk input, for progress and ETA.
     """
 
@@ -229,6 +255,52 @@ def _line_chunks(source: Source, sizer: ChunkSizer, next_index: int) -> Iterator
         raw.close()
 
 
+def _range_chunks(source: Source, sizer: ChunkSizer, next_index: int) -> Iterator[Chunk]:
+    position = source.start
+    end = source.size if source.stop is None else source.stop
+    while position < end:
+        stop = min(end, position + sizer.next_size())
+        yield Chunk(next_index, source, "range", start=position, stop=stop, first_line=0,
+                    source_bytes=stop - position)
+        next_index += 1
+        position = stop
+
+
+def read_line_range(path: str, start: int, stop: int) -> tuple[bytes, int]:
+    """(the whole lines of ``path`` that start at a byte in [start, stop), where the first
+    of them starts).
+
+    The rule "a line belongs to the range holding its first byte" puts every line in exactly
+    one of any ranges that tile the file, whoever reads them: chunk ranges and ``--shard``
+    parts need no agreement beyond their byte offsets.
+    """
+    with open(path, "rb") as fh:
+        if start > 0:
+            fh.seek(start - 1)
+            if fh.read(1) != b"\n":
+                fh.readline()  # the rest of a line that started before ``start``
+        first = fh.tell()
+        if first >= stop:
+            return b"", first
+        data = fh.read(stop - first)
+        if data and not data.endswith(b"\n"):
+            data += fh.readline()  # the last line started inside the range: all of it
+        return data, first
+
+
+def count_lines_before(path: str, offset: int) -> int:
+    """Newlines in the first ``offset`` bytes of ``path`` (for a line number in a message)."""
+    count = 0
+    with open(path, "rb") as fh:
+        while offset > 0:
+            block = fh.read(min(offset, 1 << 24))
+            if not block:
+                break
+            count += block.count(b"\n")
+            offset -= len(block)
+    return count
+
+
 def _parquet_chunks(source: Source, sizer: ChunkSizer, next_index: int) -> Iterator[Chunk]:
     import pyarrow.parquet as pq
 
@@ -238,12 +310,13 @@ def _parquet_chunks(source: Source, sizer: ChunkSizer, next_index: int) -> Itera
         raise UserError(f"{source.path}: not a readable Parquet file ({err})") from None
     groups: list[int] = []
     text_bytes = disk_bytes = 0
-    for g in range(meta.num_row_groups):
+    last = meta.num_row_groups if source.stop is None else source.stop
+    for g in range(source.start, last):
         rg = meta.row_group(g)
         groups.append(g)
         text_bytes += rg.total_byte_size
         disk_bytes += sum(rg.column(c).total_compressed_size for c in range(rg.num_columns))
-        if text_bytes >= sizer.next_size() or g == meta.num_row_groups - 1:
+        if text_bytes >= sizer.next_size() or g == last - 1:
             yield Chunk(next_index, source, "parquet", groups=tuple(groups),
                         source_bytes=disk_bytes)
             next_index += 1
@@ -254,11 +327,11 @@ def _hf_chunks(source: Source, sizer: ChunkSizer, next_index: int) -> Iterator[C
     from bloomline.dataprep.documents import load_hf_dataset
 
     dataset = load_hf_dataset(source.path)
-    num_rows = len(dataset)
+    num_rows = len(dataset) if source.stop is None else source.stop
     if num_rows == 0:
         return
-    bytes_per_row = max(1, source.size // num_rows)
-    start = 0
+    bytes_per_row = max(1, source.size // len(dataset))
+    start = source.start
     while start < num_rows:
         stop = min(num_rows, start + max(1, sizer.next_size() // bytes_per_row))
         yield Chunk(next_index, source, "hf", start=start, stop=stop,
@@ -274,7 +347,7 @@ def iter_chunks(sources: list[Source], max_chunk_bytes: int = DEFAULT_CHUNK_BYTE
     ``.txt`` files are one document each, grouped into chunks; with ``txt_per_line`` every
     line of a ``.txt`` file is a document instead.
     """
-    sizer = ChunkSizer(sum(s.size for s in sources), max_chunk_bytes, workers)
+    sizer = ChunkSizer(sum(s.work_bytes for s in sources), max_chunk_bytes, workers)
     index = 0
     pending_files: list[Source] = []
 
@@ -296,7 +369,9 @@ def iter_chunks(sources: list[Source], max_chunk_bytes: int = DEFAULT_CHUNK_BYTE
                 yield from flush_files()
             continue
         yield from flush_files()
-        if source.format in ("jsonl", "txt"):
+        if source.format in ("jsonl", "txt") and source.compression is None:
+            make = _range_chunks
+        elif source.format in ("jsonl", "txt"):
             make = _line_chunks
         elif source.format == "parquet":
             make = _parquet_chunks

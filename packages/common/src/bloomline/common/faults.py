@@ -1,0 +1,92 @@
+"""Fault injection for the survival tests: a crash, a signal or a hang at a chosen place of a
+real run, in a real process (a training rank, a tokenize worker, a Ray task), without editing
+the code under test.
+
+The faults come from the environment, so that a test can put them into processes it starts
+through the command line, torchrun, a process pool or a Ray cluster::
+
+    BLOOMLINE_FAULTS="kill@step:step=5:rank=1:attempt=0;kill@chunk:chunk=3:once=/tmp/x/fired"
+
+Each fault is ``ACTION@POINT`` followed by ``:KEY=VALUE`` conditions, all of which must hold:
+
+- points: the trainer's ``step``, ``save`` and ``batch`` (see ``bloomline.trainer.faults``);
+  dataprep's ``chunk`` (a worker about to tokenize chunk ``chunk``);
+- actions: ``kill`` (SIGKILL to this process: no handler, no cleanup, like a node failure),
+  ``term`` / ``usr1`` (SIGTERM / SIGUSR1 to this process: what SLURM sends), ``hang`` (sleep
+  forever: a stuck collective or a dead NFS mount), ``exit`` (``os._exit(99)``), and the
+  trainer's ``spike``;
+- conditions: ``rank`` (the global RANK), ``attempt`` (torchrun's restart count, 0 on the first
+  start), ``once=PATH`` (fires only in the first process to create PATH: a fault that a retry
+  of the same work must survive), and any keyword the point passes (``step``, ``chunk``).
+
+With the variable unset, each call is one dictionary lookup: the points stay in the product
+code at no cost.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from functools import cache
+
+__all__ = ["active_faults", "condition_holds", "fire"]
+
+_VARIABLE = "BLOOMLINE_FAULTS"
+_ACTIONS = ("kill", "term", "usr1", "hang", "exit", "spike")
+
+
+@cache
+def _parse(spec: str) -> tuple[tuple[str, str, dict[str, str]], ...]:
+    faults = []
+    for item in filter(None, (part.strip() for part in spec.split(";"))):
+        head, *conditions = item.split(":")
+        action, _, point = head.partition("@")
+        if action not in _ACTIONS or not point:
+            raise ValueError(f"{_VARIABLE}: {item!r}: expected ACTION@POINT with ACTION one of "
+                             f"{', '.join(_ACTIONS)}")
+        where = dict(condition.split("=", 1) for condition in conditions)
+        faults.append((action, point, where))
+    return tuple(faults)
+
+
+def active_faults() -> tuple[tuple[str, str, dict[str, str]], ...]:
+    """(action, point, conditions) of every configured fault."""
+    spec = os.environ.get(_VARIABLE)
+    return _parse(spec) if spec else ()
+
+
+def _first_to_claim(path: str) -> bool:
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
+
+
+def condition_holds(where: dict[str, str], context: dict) -> bool:
+    """Whether every condition of a fault holds here (``once`` is checked, not claimed)."""
+    here = {"rank": os.environ.get("RANK", "0"),
+            "attempt": os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"),
+            **{key: str(value) for key, value in context.items()}}
+    return all(here.get(key) == value for key, value in where.items() if key != "once")
+
+
+def fire(point: str, **context) -> None:
+    """Carry out the faults configured for ``point`` whose conditions hold here."""
+    for action, at, where in active_faults():
+        if at != point or action == "spike" or not condition_holds(where, context):
+            continue
+        if "once" in where and not _first_to_claim(where["once"]):
+            continue
+        # one write(2): processes share the pipe, and the test reads which fault fired
+        os.write(2, f"fault: {action}@{point} {context}\n".encode())
+        if action == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif action in ("term", "usr1"):
+            os.kill(os.getpid(), signal.SIGTERM if action == "term" else signal.SIGUSR1)
+        elif action == "hang":
+            while True:
+                time.sleep(3600)
+        elif action == "exit":
+            os._exit(99)

@@ -1,0 +1,265 @@
+"""``--shard K/N``: a deterministic split of a tokenize job into N parts, and the checks that
+the parts merge back into exactly the single-machine output.
+
+Mental model: lay the inputs end to end in argument order, a line of ``total`` on-disk
+bytes. Shard ``K`` owns the positions ``[K * total // N, (K + 1) * total // N)`` (the last
+shard also owns everything after). Every unit of work has one position, so it falls in exactly
+one shard:
+
+- a line of an uncompressed ``.jsonl``/``.txt``: the byte where the line starts;
+- a Parquet row group: its file's offset plus its share of the file's compressed bytes;
+- a row of a ``save_to_disk`` folder: its file's offset plus its share of the folder's bytes;
+- a compressed file (``.zst``, ``.gz``) or a one-document ``.txt`` file: where it starts.
+
+A shard's units are contiguous in input order, so shard 0's output, then shard 1's, ...,
+is the single run's document sequence, and ``dataprep merge`` of the parts in shard order
+writes exactly the single run's bytes (the ``.bin`` is the tokens in document order and the
+``.idx`` is a function of the document lengths). Nothing is read to make the plan beyond
+file sizes and Parquet / dataset metadata, so every shard computes the same plan on its own.
+
+Why compressed files are not cut: a ``.zst``/``.gz`` stream cannot be entered in the middle,
+so a shard owning its second half would decompress the first half to find its place, and the
+cut would depend on the decompressor's buffering. Such a file goes whole to one shard; a
+corpus of a few huge compressed files balances only as well as its files do (many files of
+moderate size, the norm for web corpora, balance well).
+
+Each part records what it covers in ``PREFIX.shard.json`` (written last, so its presence
+means the part is complete); ``check_shard_parts`` refuses parts of different inputs, a
+missing or repeated shard, or shards out of order before a merge writes anything.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import os
+import re
+import socket
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from bloomline.common.atomic import atomic_write_bytes
+from bloomline.common.errors import UserError
+from bloomline.dataprep.sources import Source
+
+__all__ = [
+    "ShardRecord",
+    "check_shard_parts",
+    "format_merge_summary",
+    "parse_shard",
+    "shard_record_path",
+    "shard_sources",
+    "write_shard_record",
+]
+
+_RECORD_FORMAT = "bloomline-shard/1"
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``"3/8"`` -> ``(3, 8)``: part 3 (0-based, as SLURM_ARRAY_TASK_ID) of 8."""
+    match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text)
+    if not match:
+        raise UserError(f"--shard {text}: expected K/N, e.g. 0/8 (K counts from 0)")
+    index, count = int(match[1]), int(match[2])
+    if count < 1 or index >= count:
+        raise UserError(f"--shard {text}: K must be in 0..N-1 and N at least 1")
+    return index, count
+
+
+def _is_cut_by_lines(source: Source, txt_per_line: bool) -> bool:
+    """Uncompressed line files: any byte can be reached by a seek."""
+    if source.compression is not None:
+        return False
+    return source.format == "jsonl" or (source.format == "txt" and txt_per_line)
+
+
+def _parquet_positions(source: Source) -> list[int]:
+    """The offset of each row group inside the file's share of the line of bytes."""
+    import pyarrow.parquet as pq
+
+    try:
+        meta = pq.ParquetFile(source.path).metadata
+    except Exception as err:  # pyarrow raises several types for a bad file
+        raise UserError(f"{source.path}: not a readable Parquet file ({err})") from None
+    sizes = [sum(meta.row_group(g).column(c).total_compressed_size
+                 for c in range(meta.row_group(g).num_columns))
+             for g in range(meta.num_row_groups)]
+    total = max(sum(sizes), 1)
+    positions, before = [], 0
+    for size in sizes:
+        positions.append(source.size * before // total)
+        before += size
+    return positions
+
+
+def _unit_range(positions, low: int, high: int) -> tuple[int, int]:
+    """[first, stop) of the sorted ``positions`` in [low, high)."""
+    return bisect.bisect_left(positions, low), bisect.bisect_left(positions, high)
+
+
+class _RowPositions:
+    """Row ``r`` of a dataset folder of ``size`` bytes and ``rows`` rows sits at
+    ``size * r // rows``: a sorted sequence for bisect without a list of every row."""
+
+    def __init__(self, size: int, rows: int) -> None:
+        self.size, self.rows = size, rows
+
+    def __len__(self) -> int:
+        return self.rows
+
+    def __getitem__(self, row: int) -> int:
+        return self.size * row // self.rows
+
+
+def shard_sources(sources: list[Source], index: int, count: int,
+                  txt_per_line: bool = False) -> list[Source]:
+    """The parts of ``sources`` that shard ``index`` of ``count`` tokenizes, in input order.
+
+    A source cut inside gets ``start``/``stop`` (bytes of a line file, row groups of a
+    Parquet file, rows of a dataset folder) and ``part_bytes``, its share of the on-disk
+    bytes (for chunk sizes, progress and ETA).
+    """
+    total = sum(s.size for s in sources)
+    low = index * total // count
+    high = (index + 1) * total // count if index < count - 1 else float("inf")
+    parts: list[Source] = []
+    offset = 0
+    for source in sources:
+        begin, end = low - offset, high - offset  # this shard's range, in the file's bytes
+        if _is_cut_by_lines(source, txt_per_line):
+            start, stop = max(begin, 0), min(end, source.size)
+            if start < stop:
+                parts.append(replace(source, start=start, stop=stop, part_bytes=stop - start))
+        elif source.format == "parquet":
+            positions = _parquet_positions(source)
+            first, stop = _unit_range(positions, begin, end)
+            if first < stop:
+                tail = positions[stop] if stop < len(positions) else source.size
+                parts.append(replace(source, start=first, stop=stop,
+                                     part_bytes=tail - positions[first]))
+        elif source.format == "hf":
+            from bloomline.dataprep.documents import load_hf_dataset
+
+            rows = _RowPositions(source.size, len(load_hf_dataset(source.path)))
+            first, stop = _unit_range(rows, begin, end)
+            if first < stop:
+                tail = rows[stop] if stop < rows.rows else source.size
+                parts.append(replace(source, start=first, stop=stop,
+                                     part_bytes=tail - rows[first]))
+        elif begin <= 0 < end:  # a whole-file unit: the shard where the file starts
+            parts.append(source)
+        offset += source.size
+    return parts
+
+
+# ------------------------------------------------------------------ the record of each part
+
+
+@dataclass
+class ShardRecord:
+    """What one part covers and what it took, as ``PREFIX.shard.json`` holds it."""
+
+    shard: int
+    num_shards: int
+    inputs: list[list]  # [path, size] of every input of the whole job, in order
+    parts: list[list]  # [path, start, stop] of what this shard read (stop None: to the end)
+    num_documents: int
+    num_tokens: int
+    text_bytes: int
+    num_skipped: int
+    started: float  # Unix time
+    seconds: float
+    workers: int
+    host: str
+
+    @property
+    def finished(self) -> float:
+        return self.started + self.seconds
+
+
+def shard_record_path(prefix: str | os.PathLike) -> Path:
+    return Path(f"{prefix}.shard.json")
+
+
+def write_shard_record(prefix: str, index: int, count: int, sources: list[Source],
+                       parts: list[Source], summary, started: float, workers: int) -> None:
+    """Record a finished part (after its ``.bin``/``.idx``: the record means "complete")."""
+    record = ShardRecord(
+        shard=index, num_shards=count,
+        inputs=[[s.path, s.size] for s in sources],
+        parts=[[p.path, p.start, p.stop] for p in parts],
+        num_documents=summary.num_documents,
+        num_tokens=sum(summary.num_tokens.values()),
+        text_bytes=summary.text_bytes, num_skipped=summary.num_skipped,
+        started=started, seconds=summary.seconds, workers=workers,
+        host=socket.gethostname())
+    payload = {"format": _RECORD_FORMAT, **record.__dict__}
+    atomic_write_bytes(shard_record_path(prefix), json.dumps(payload, indent=1).encode())
+
+
+def _read_record(prefix: str) -> ShardRecord | None:
+    path = shard_record_path(prefix)
+    if not path.is_file():
+        return None
+    try:
+        payload = json.loads(path.read_text())
+        if payload.pop("format") != _RECORD_FORMAT:
+            raise ValueError("unknown format")
+        return ShardRecord(**payload)
+    except (ValueError, KeyError, TypeError) as err:
+        raise UserError(f"{path}: not a shard record of this version ({err})") from None
+
+
+def check_shard_parts(prefixes: list[str], num_documents: list[int]) -> list[ShardRecord]:
+    """The shard records of ``prefixes``, checked to be parts 0..N-1 of one job, in order.
+
+    ``num_documents`` is each part's document count as its ``.idx`` says (a part replaced by
+    another file after it was written shows here). Prefixes without records are plain token
+    files: merging those is allowed, mixing them with parts is not.
+
+    Raises:
+        UserError: naming the first part that is missing, repeated, out of order, of other
+            inputs or of another N.
+    """
+    records = [_read_record(p) for p in prefixes]
+    if all(r is None for r in records):
+        return []
+    if any(r is None for r in records):
+        plain = prefixes[records.index(None)]
+        raise UserError(f"merge: {plain} has no {Path(plain).name}.shard.json but other "
+                        "inputs are --shard parts; merge the parts of one job only")
+    first = records[0]
+    if len(prefixes) != first.num_shards:
+        have = sorted({r.shard for r in records})
+        missing = sorted(set(range(first.num_shards)) - set(have))
+        detail = f"missing shard(s) {missing[:5]}" if missing else "some are repeated"
+        raise UserError(f"merge: {len(prefixes)} parts given for a job of {first.num_shards} "
+                        f"shards ({detail}); give every part, in shard order")
+    for position, (prefix, record, docs) in enumerate(
+            zip(prefixes, records, num_documents, strict=True)):
+        if record.num_shards != first.num_shards or record.inputs != first.inputs:
+            raise UserError(f"merge: {prefix} is a part of another job (other inputs or N) "
+                            f"than {prefixes[0]}")
+        if record.shard != position:
+            raise UserError(f"merge: {prefix} is shard {record.shard}/{record.num_shards} "
+                            f"but given in place {position}; give the parts in shard order")
+        if record.num_documents != docs:
+            raise UserError(f"merge: {prefix}.idx holds {docs:,} documents but its shard "
+                            f"record says {record.num_documents:,}: the part was changed")
+    return records
+
+
+def format_merge_summary(records: list[ShardRecord]) -> str:
+    """The job's totals over every part, with rates over the job's wall time."""
+    wall = max(max(r.finished for r in records) - min(r.started for r in records), 1e-9)
+    docs = sum(r.num_documents for r in records)
+    tokens = sum(r.num_tokens for r in records)
+    text = sum(r.text_bytes for r in records)
+    slowest = max(records, key=lambda r: r.seconds)
+    hosts = len({r.host for r in records})
+    return (f"{len(records)} parts on {hosts} host(s): {docs:,} documents, {tokens:,} tokens, "
+            f"{text / 1e6:,.1f} MB of text, {sum(r.num_skipped for r in records):,} skipped "
+            f"lines\njob: {wall:.1f} s from the first part's start to the last one's end | "
+            f"{docs / wall:,.0f} docs/s | {text / wall / 1e6:.2f} MB/s | "
+            f"{tokens / wall:,.0f} tokens/s | slowest part {slowest.shard}: "
+            f"{slowest.seconds:.1f} s")
