@@ -22,6 +22,7 @@ retry errors raised by the task itself, only deaths of its process.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -55,6 +56,10 @@ def _run_chunk(init_args: tuple, chunk):
 def _connect(ray, address: str, num_cpus: int) -> None:
     options = dict(logging_level=logging.WARNING, log_to_driver=True,
                    include_dashboard=False, configure_logging=True)
+    if os.environ.get("BLOOMLINE_FAULTS"):
+        # the survival tests' injected faults reach the tasks as they reach pool workers
+        options["runtime_env"] = {"env_vars": {"BLOOMLINE_FAULTS":
+                                               os.environ["BLOOMLINE_FAULTS"]}}
     try:
         if address == "local":
             # a fresh instance on this machine for this job, gone when the job ends
