@@ -458,6 +458,8 @@ def merge_indexed_datasets(path_prefixes: list[str | os.PathLike],
     with IndexedDatasetWriter(output_prefix, first.dtype, overwrite=overwrite) as writer:
         for prefix in path_prefixes:
             writer.add_index(prefix)
+        # an overwritten output's records go: its shard record would claim it is a part
+        Path(f"{output_prefix}.shard.json").unlink(missing_ok=True)
         fingerprint_path(output_prefix).unlink(missing_ok=True)  # an overwritten output's
     if record is not None:
         write_fingerprint_record(output_prefix, record)

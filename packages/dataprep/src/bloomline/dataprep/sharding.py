@@ -229,17 +229,20 @@ def check_shard_parts(prefixes: list[str], num_documents: list[int]) -> list[Sha
         raise UserError(f"merge: {plain} has no {Path(plain).name}.shard.json but other "
                         "inputs are --shard parts; merge the parts of one job only")
     first = records[0]
+    for prefix, record in zip(prefixes, records, strict=True):
+        if record.num_shards != first.num_shards or record.inputs != first.inputs:
+            raise UserError(f"merge: {prefix} is a part of another job (other inputs or N) "
+                            f"than {prefixes[0]}")
     if len(prefixes) != first.num_shards:
-        have = sorted({r.shard for r in records})
+        have = [r.shard for r in records]
         missing = sorted(set(range(first.num_shards)) - set(have))
-        detail = f"missing shard(s) {missing[:5]}" if missing else "some are repeated"
+        repeated = sorted({k for k in have if have.count(k) > 1})
+        detail = (f"missing shard(s) {missing[:5]}" if missing else
+                  f"shard(s) {repeated[:5]} given twice")
         raise UserError(f"merge: {len(prefixes)} parts given for a job of {first.num_shards} "
                         f"shards ({detail}); give every part, in shard order")
     for position, (prefix, record, docs) in enumerate(
             zip(prefixes, records, num_documents, strict=True)):
-        if record.num_shards != first.num_shards or record.inputs != first.inputs:
-            raise UserError(f"merge: {prefix} is a part of another job (other inputs or N) "
-                            f"than {prefixes[0]}")
         if record.shard != position:
             raise UserError(f"merge: {prefix} is shard {record.shard}/{record.num_shards} "
                             f"but given in place {position}; give the parts in shard order")
