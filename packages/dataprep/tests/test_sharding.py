@@ -518,3 +518,19 @@ def test_merge_overwrite_of_a_part_drops_its_record(jobs, tiny_tokenizer, tmp_pa
     assert IndexedDataset(prefix).num_documents == 2 * IndexedDataset(jobs["plain"]).num_documents
     assert not shard_record_path(prefix).exists(), "a stale shard record survived the merge"
 
+
+
+def test_merge_refuses_parts_of_an_input_that_changed_since(tiny_tokenizer, tmp_path,
+                                                            dataprep):
+    """Bug: parts made before an input grew merged as if complete: the cuts were computed from
+    the old size, so the new lines are silently missing from the corpus. The merge must name
+    the input whose size changed, and write nothing."""
+    x = tmp_path / "x.jsonl"
+    x.write_bytes(_jsonl(_texts(15, 60)))
+    parts = _tokenize_parts([x], tiny_tokenizer, tmp_path / "parts", 2)
+    with open(x, "ab") as fh:
+        fh.write(_jsonl(["one more document"]))
+    code, out, err = dataprep("merge", *map(str, parts), "--output", tmp_path / "out" / "m")
+    assert code == 1, out
+    assert err.startswith(f"error: merge: input {x} is ") and "tokenize the parts again" in err
+    assert not (tmp_path / "out").exists()

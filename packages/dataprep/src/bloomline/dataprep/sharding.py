@@ -219,7 +219,8 @@ def check_shard_parts(prefixes: list[str], num_documents: list[int]) -> list[Sha
 
     Raises:
         UserError: naming the first part that is missing, repeated, out of order, of other
-            inputs or of another N.
+            inputs or of another N, or an input file whose size changed since (its parts'
+            cuts, made from the sizes, no longer tile it).
     """
     records = [_read_record(p) for p in prefixes]
     if all(r is None for r in records):
@@ -233,6 +234,10 @@ def check_shard_parts(prefixes: list[str], num_documents: list[int]) -> list[Sha
         if record.num_shards != first.num_shards or record.inputs != first.inputs:
             raise UserError(f"merge: {prefix} is a part of another job (other inputs or N) "
                             f"than {prefixes[0]}")
+    for path, size in first.inputs:  # the inputs as they are now, where this node sees them
+        if os.path.isfile(path) and os.path.getsize(path) != size:
+            raise UserError(f"merge: input {path} is {os.path.getsize(path):,} bytes now but "
+                            f"was {size:,} when the parts were made; tokenize the parts again")
     if len(prefixes) != first.num_shards:
         have = [r.shard for r in records]
         missing = sorted(set(range(first.num_shards)) - set(have))
