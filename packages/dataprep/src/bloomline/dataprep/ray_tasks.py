@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
 from collections.abc import Iterator
-from pathlib import Path
 
 from bloomline.common.errors import UserError
 
@@ -43,13 +43,18 @@ def _import_ray():
     return ray
 
 
-def _run_chunk(init_args: tuple, chunk):
-    """The Ray task: set up this worker process for the job once, then tokenize the chunk."""
+def _run_chunk(job: str, init_blob: bytes, chunk):
+    """The Ray task: set up this worker process for the job once, then tokenize the chunk.
+
+    The init args travel pickled, as bytes: Ray hands a task its arguments deserialized, and
+    unpickling a Tokenizer loads its file again (0.1 s for a 50k-entry tokenizer.json, 3% of
+    an 8 MiB chunk's work), so only a worker process new to the job unpickles them.
+    """
     from bloomline.dataprep import pipeline
 
-    scratch = Path(init_args[-1])
-    if pipeline._state.get("scratch") != scratch:  # a new job (or a fresh worker process)
-        pipeline._init_worker(*init_args, ignore_sigint=False)
+    if pipeline._state.get("job") != job:  # a new job (or a fresh worker process)
+        pipeline._init_worker(*pickle.loads(init_blob), ignore_sigint=False)
+        pipeline._state["job"] = job
     return pipeline._tokenize_chunk(chunk)
 
 
@@ -102,14 +107,15 @@ def ray_results_in_flight(chunks: Iterator, address: str, workers: int, init_arg
     try:
         cores = int(ray.cluster_resources().get("CPU", 1))
         in_flight = max(2, 2 * cores)
-        shared = ray.put(init_args)  # sent to each node once, not with every task
+        # sent to each node once, not with every task; the scratch folder names the job
+        job, shared = init_args[-1], ray.put(pickle.dumps(init_args))
 
         def fill() -> None:
             while len(pending) < in_flight:
                 chunk = next(chunks, None)
                 if chunk is None:
                     return
-                pending.append(task.remote(shared, chunk))
+                pending.append(task.remote(job, shared, chunk))
 
         fill()
         while pending:
