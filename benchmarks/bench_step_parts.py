@@ -58,7 +58,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_train as bt  # noqa: E402  (the same model, batch and Trainer config)
 
 from bloomline.trainer.loop import Trainer  # noqa: E402
-from bloomline.trainer.metrics import measure_peak_flops  # noqa: E402
 from bloomline.trainer.model import (  # noqa: E402
     attention,
     attention_core,
@@ -68,6 +67,7 @@ from bloomline.trainer.model import (  # noqa: E402
     loss,
 )
 from bloomline.trainer.model import linear as linear_layers  # noqa: E402
+from bloomline.trainer.peak import measure_peak_flops  # noqa: E402
 from bloomline.trainer.precision import fast_low_precision  # noqa: E402
 
 TOKENS = bt.MBS * bt.SEQ

@@ -32,11 +32,11 @@ Each precision warms every contestant up (``--warmup`` steps), then runs ``--rou
 ``--steps`` steps per contestant, the order reversed every round; tokens/s is taken per round,
 each ratio within a round and the median over rounds reported, because this 2-core machine is
 shared and its speed drifts from one minute to the next. The limit of a step is the matmul
-peak (``measure_peak_flops``: a 1024^3 matmul in that dtype, in fp32 the faster of ATen's MKL
-product and oneDNN's, taken once per round, the highest used) over the model FLOPs per token
-(``ModelConfig.flops_per_token(256)``, forward + backward, Megatron's count): ours/limit is
-the MFU. The losses of the first and last step are printed to show that both train on the
-same problem.
+peak (``measure_peak_flops``: the best of ~20 ms tries of 1024^3 matmuls in that dtype, in
+fp32 the faster of ATen's MKL product and oneDNN's, taken once per round, the highest used)
+over the model FLOPs per token (``ModelConfig.flops_per_token(256)``, forward + backward,
+Megatron's count): ours/limit is the MFU. The losses of the first and last step are printed
+to show that both train on the same problem.
 
 The optimizer step alone (random gradients on our model's parameters): ours
 (``build_optimizer``) against the stock ``torch.optim.AdamW`` of the transformers step, and
@@ -86,9 +86,9 @@ from bloomline.trainer.config import Config
 from bloomline.trainer.data import MegatronSampler, make_loader, open_splits
 from bloomline.trainer.host import tune_malloc
 from bloomline.trainer.loop import Trainer
-from bloomline.trainer.metrics import measure_peak_flops
 from bloomline.trainer.model import build_model
 from bloomline.trainer.optim import build_optimizer
+from bloomline.trainer.peak import measure_peak_flops
 from bloomline.trainer.precision import fast_low_precision
 
 LAYERS, HIDDEN, HEADS, SEQ, VOCAB, MBS = 6, 384, 6, 256, 8064, 8

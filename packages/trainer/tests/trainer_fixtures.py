@@ -65,3 +65,36 @@ def grad_fn_names(t: torch.Tensor) -> set[str]:
             seen.add(fn)
             todo.extend(next_fn for next_fn, _ in fn.next_functions)
     return {type(fn).__name__ for fn in seen}
+
+
+class FakeMeasure:
+    """A stand-in for ``peak.measure_peak_flops`` that returns ``values`` in turn (the last one
+    from then on) and counts its calls."""
+
+    def __init__(self, *values: float) -> None:
+        self.values = list(values)
+        self.calls = 0
+
+    def __call__(self, device=None, dtype=None):
+        from bloomline.trainer.peak import PeakMeasurement
+
+        value = self.values[min(self.calls, len(self.values) - 1)]
+        self.calls += 1
+        return PeakMeasurement(value, f"fake measurement {self.calls}")
+
+
+def resolve_peak_twice(run_dir: str) -> list:
+    """On a rank of run_distributed: the peak resolved twice in ``run_dir``, rank r measuring
+    (r + 1) x 100 GFLOP/s; [flops, source, flops, source, measure calls, cache key]. Here, not
+    in the test module: spawned processes import it by name."""
+    import torch.distributed as dist
+
+    from bloomline.trainer.peak import machine_key, resolve_peak
+
+    dist.init_process_group("gloo")
+    rank, cpu = dist.get_rank(), torch.device("cpu")
+    measure = FakeMeasure(1e11 * (rank + 1))
+    first = resolve_peak(0.0, cpu, torch.float32, run_dir, measure, is_writer=rank == 0)
+    again = resolve_peak(0.0, cpu, torch.float32, run_dir, measure, is_writer=rank == 0)
+    return [first.flops, first.source, again.flops, again.source, measure.calls,
+            machine_key(cpu, torch.float32)]

@@ -212,6 +212,11 @@ class MonitorConfig:
     thermometer_interval: int = 100
     """Per-layer max attention logit / activations / grad norms every this many steps
     (0: off)."""
+    peak_flops: float = 0.0
+    """Matmul peak of one device in FLOP/s, what MFU divides by. 0: a known GPU's dense bf16
+    peak, else measured at start-up (best of several tries, before the loader workers start)
+    and cached per machine and dtype in RUN/peak_flops.json, measured again if a step beats
+    it; a number: use it as given. RUN/config.toml records the value used."""
 
 
 @dataclass
@@ -330,7 +335,8 @@ def validate(cfg: Config, data_parallel: int = 1) -> None:
     for key, value in (("spike.skip_before", sp.skip_before),
                        ("spike.skip_after", sp.skip_after),
                        ("spike.max_rollbacks", sp.max_rollbacks),
-                       ("train.max_wallclock", t.max_wallclock)):
+                       ("train.max_wallclock", t.max_wallclock),
+                       ("monitor.peak_flops", cfg.monitor.peak_flops)):
         if value < 0:
             raise UserError(f"{key} = {value}: must not be negative")
     if not 0.0 <= m.hidden_dropout < 1.0 or not 0.0 <= m.attention_dropout < 1.0:

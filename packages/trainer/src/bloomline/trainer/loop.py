@@ -8,6 +8,7 @@ step -> schedule -> log -> maybe evaluate -> maybe checkpoint.
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import math
 import time
@@ -46,7 +47,6 @@ from bloomline.trainer.host import tune_malloc
 from bloomline.trainer.metrics import (
     MetricsWriter,
     console_line,
-    measure_peak_flops,
     memory_bytes,
     thermometer_readings,
 )
@@ -62,6 +62,14 @@ from bloomline.trainer.parallel import (
     world_info,
 )
 from bloomline.trainer.parallel.memory import memory_record
+from bloomline.trainer.peak import (
+    MfuGuard,
+    Peak,
+    PeakCache,
+    machine_key,
+    measure_peak_flops,
+    resolve_peak,
+)
 from bloomline.trainer.precision import Precision, resolve_dtype
 from bloomline.trainer.preemption import PREEMPTED_EXIT_CODE
 from bloomline.trainer.rollback import ROLLBACKS_FILE, append_rollback, read_rollbacks, skip_range
@@ -160,7 +168,10 @@ class Trainer:
         self.run_dir = Path(cfg.train.run_dir)
         self.state = {"step": 0, "consumed_samples": 0, "consumed_tokens": 0,
                       "skipped_steps": 0, "bad_in_row": 0, "loss_scale": {}}
-        self._peak_flops: float | None = None
+        self.peak: Peak | None = None  # per device, resolved in run()
+        self._mfu_guard: MfuGuard | None = None
+        self._mfu_flagged = False
+        self._run_info: dict = {}
         self.guard = RunGuard(cfg, self.run_dir, rank)
         self.skips = SkipRanges(cfg.train.skip_samples)
         self._async_saver = None
@@ -402,16 +413,19 @@ class Trainer:
         resumed = self.resume()
         self._merge_skips()
         state = self.state  # after resume(), which replaces it
-        self._peak_flops = measure_peak_flops(self.device, self.precision.dtype)
-        info = {"parameters": cfg.model.num_parameters(), "device": str(self.device),
-                "layout": self.layout.describe(), "peak_flops": self._peak_flops,
-                "resumed_from": str(resumed or "")}
-        if self.is_main:
-            (self.run_dir / "config.toml").write_text(to_toml(cfg))
-            (self.run_dir / "run_info.json").write_text(json.dumps(info, indent=1))
-        self.log(f"model: {info['parameters']:,} parameters; {self.layout.describe()}; "
-                 f"device {self.device}; {self.precision.name}; peak "
-                 f"{self._peak_flops / 1e9:,.1f} GFLOP/s (matmul)"
+        # the matmul peak for MFU, while nothing else of this run computes: the loader workers,
+        # TensorBoard's writer and checkpoint threads start below (peak.py)
+        self.peak = resolve_peak(cfg.monitor.peak_flops, self.device, self.precision.dtype,
+                                 self.run_dir, self._measure_peak, is_writer=self.is_main)
+        self._mfu_guard = MfuGuard(self.peak, self._measure_peak,
+                                   PeakCache(self.run_dir) if self.is_main else None,
+                                   machine_key(self.device, self.precision.dtype))
+        self._run_info = {"parameters": cfg.model.num_parameters(), "device": str(self.device),
+                          "layout": self.layout.describe(), "resumed_from": str(resumed or "")}
+        self._write_run_files()
+        self.log(f"model: {self._run_info['parameters']:,} parameters; "
+                 f"{self.layout.describe()}; device {self.device}; {self.precision.name}; "
+                 f"matmul peak {self.peak.describe()}"
                  + (f"; resumed from {resumed}" if resumed else ""))
         if self.skips:
             self.log(f"skipping train samples {self.skips.to_list()}")
@@ -430,6 +444,45 @@ class Trainer:
             profiler.close()
         metrics.close()
         return self.state
+
+    def _measure_peak(self) -> float:
+        # through this module's name: tests replace loop.measure_peak_flops to save the time
+        return measure_peak_flops(self.device, self.precision.dtype)
+
+    def _write_run_files(self) -> None:
+        """RUN/config.toml (the resolved config, with the peak in use) and RUN/run_info.json."""
+        if not self.is_main:
+            return
+        resolved = copy.deepcopy(self.cfg)
+        resolved.monitor.peak_flops = self.peak.flops
+        (self.run_dir / "config.toml").write_text(to_toml(resolved))
+        info = {**self._run_info, **self.peak.record()}
+        (self.run_dir / "run_info.json").write_text(json.dumps(info, indent=1))
+
+    def _check_mfu(self, record: dict, metrics) -> None:
+        """No MFU above 100% without a reason: the guard measures the peak again when a step
+        beats it, and flags an MFU that stays above (peak.py). Rank 0, which logs, only."""
+        if self._mfu_guard is None or not self.is_main:
+            return
+        step = record["step"]
+        achieved = (self.cfg.model.flops_per_token(record["seq_length"])
+                    * record["tokens_per_s"] / self.layout.world_size)
+        mfu, flag, event = self._mfu_guard.check(achieved, step)
+        record["mfu"] = mfu
+        if event is not None:
+            metrics.write(event)
+            raised = self._mfu_guard.peak is not self.peak
+            self.log(f"step {step}: {achieved / 1e9:,.1f} GFLOP/s per device, above the "
+                     f"matmul peak of {self.peak.flops / 1e9:,.1f} ({self.peak.source}); "
+                     f"measured again: {event['measured_flops'] / 1e9:,.1f} GFLOP/s"
+                     + ("; using it" if raised else "; keeping the old figure"))
+            self.peak = self._mfu_guard.peak
+            self._write_run_files()
+        if flag:
+            record["mfu_flag"] = flag
+            if not self._mfu_flagged:  # once a streak; each record carries its own flag
+                self.log(f"step {step}: mfu {100 * mfu:.1f}% is a measurement error: {flag}")
+        self._mfu_flagged = bool(flag)
 
     def _open_batches(self, train):
         """Micro-batch iterator and, when spike faults are injected or the train split is a
@@ -493,6 +546,7 @@ class Trainer:
             window["steps"] += 1
             if log_step:
                 record = self._record(result, lr, size, length, window)
+                self._check_mfu(record, metrics)
                 if "source_totals" in result:
                     record.update(source_loss_record(result["source_totals"], blend.names))
                 metrics.write(record)
@@ -615,8 +669,8 @@ class Trainer:
                 "samples_per_s": window["samples"] / seconds,
                 "step_time_s": seconds / max(window["steps"], 1),
                 # tokens_per_s counts the whole global batch: divide by every device's peak
-                "mfu": (flops / (self._peak_flops * self.layout.world_size)
-                        if self._peak_flops else 0.0),
+                "mfu": (flops / (self.peak.flops * self.layout.world_size)
+                        if self.peak else 0.0),
                 "memory_gb": memory_bytes(self.device) / 1e9,
                 "loss_scale": self.precision.loss_scale, "seq_length": length,
                 "global_batch_size": size,

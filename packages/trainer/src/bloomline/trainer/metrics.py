@@ -1,5 +1,6 @@
-"""Monitoring: metrics.jsonl and TensorBoard scalars each log step, a console line, the
-device's peak FLOP/s for MFU, memory, and the thermometers (per-layer maxima and grad norms).
+"""Monitoring: metrics.jsonl and TensorBoard scalars each log step, a console line, memory,
+and the thermometers (per-layer maxima and grad norms). The peak FLOP/s that MFU divides by is
+``peak.py``'s.
 """
 
 from __future__ import annotations
@@ -7,52 +8,16 @@ from __future__ import annotations
 import json
 import math
 import resource
-import time
 from pathlib import Path
 
 import torch
 from torch.distributed.tensor import DTensor, Partial
 
-from bloomline.trainer.model.linear import onednn_available, onednn_matmul
+# re-exported from its old home here, for code that imports it from metrics
+from bloomline.trainer.peak import measure_peak_flops
 
 __all__ = ["MetricsWriter", "measure_peak_flops", "memory_bytes", "thermometer_readings",
            "console_line"]
-
-# Dense bf16 tensor-core peaks of common GPUs (FLOP/s); others are measured.
-_GPU_PEAKS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L40S": 362e12}
-
-
-def measure_peak_flops(device: torch.device, dtype: torch.dtype, seconds: float = 0.5) -> float:
-    """Achievable matmul FLOP/s on ``device`` in ``dtype``: the known dense peak for a known
-    GPU; otherwise a 1024^3 (CPU) / 8192^3 (GPU) matmul timed for about ``seconds``. On CPU
-    in fp32 both ATen's product (MKL) and oneDNN's (the two the model's linear layers choose
-    from, see model/linear.py) are timed, half the time each, and the faster counts: the
-    limit is the best product the machine offers, not the one a baseline happens to call."""
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        for key, peak in _GPU_PEAKS.items():
-            if key in name:
-                return peak
-    n = 8192 if device.type == "cuda" else 1024
-    a = torch.randn(n, n, device=device).to(dtype)
-    b = torch.randn(n, n, device=device).to(dtype)
-    products = [torch.matmul]
-    if device.type == "cpu" and dtype == torch.float32 and onednn_available():
-        products.append(onednn_matmul)
-    return max(_time_product(product, a, b, seconds / len(products)) for product in products)
-
-
-def _time_product(product, a: torch.Tensor, b: torch.Tensor, seconds: float) -> float:
-    product(a, b)  # warm-up: thread pool, kernels
-    runs, start = 0, time.perf_counter()
-    while True:
-        product(a, b)
-        runs += 1
-        if a.device.type == "cuda":
-            torch.cuda.synchronize(a.device)
-        elapsed = time.perf_counter() - start
-        if elapsed >= seconds and runs >= 3:
-            return 2.0 * a.shape[0] * a.shape[1] * b.shape[1] * runs / elapsed
 
 
 def memory_bytes(device: torch.device) -> int:
@@ -94,7 +59,9 @@ def console_line(record: dict, total_steps: int | None) -> str:
     step = f"step {record['step']}" + (f"/{total_steps}" if total_steps else "")
     parts = [step, f"loss {record['loss']:.4f}", f"lr {record['lr']:.2e}",
              f"gnorm {record['grad_norm']:.3f}", f"{record['tokens_per_s']:,.0f} tok/s",
-             f"mfu {100 * record['mfu']:.1f}%", f"seq {record['seq_length']}",
+             f"mfu {100 * record['mfu']:.1f}%"
+             + (" (measurement error: see mfu_flag)" if record.get("mfu_flag") else ""),
+             f"seq {record['seq_length']}",
              f"gbs {record['global_batch_size']}", f"mem {record['memory_gb']:.2f} GB"]
     if record.get("loss_scale") is not None:
         parts.append(f"scale {record['loss_scale']:g}")

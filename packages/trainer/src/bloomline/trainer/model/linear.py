@@ -111,7 +111,7 @@ def _onednn(a: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = N
 
 def onednn_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``a @ b`` (2-D, CPU) on oneDNN whatever this process routes linear layers to: for
-    measuring the machine (``metrics.measure_peak_flops``). Not differentiable."""
+    measuring the machine (``peak.measure_peak_flops``). Not differentiable."""
     return _onednn(a, b.t())
 
 
