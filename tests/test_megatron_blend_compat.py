@@ -126,3 +126,41 @@ def test_sample_count_is_exact_above_2_24_tokens(tmp_path, megatron):
         theirs = gpt.GPTDataset(MegatronIndexed(str(tmp_path / "big")), str(tmp_path / "big"),
                                 np.arange(1, dtype=np.int32), None, Split.train, config)
     assert len(theirs) == exact
+
+
+def test_blend_of_100_datasets_identical_to_megatron_core(tmp_path, megatron):
+    """Catches: a difference from megatron-core's builder with many datasets and skewed
+    weights (our wake kernel, past its first period): which dataset and which of its samples
+    each position serves, and its tokens."""
+    gpt, builder = megatron
+    rng = np.random.default_rng(7)
+    names = [f"d{n:03d}" for n in range(100)]
+    for name in names:
+        with IndexedDatasetWriter(tmp_path / name, np.uint16) as writer:
+            for length in rng.integers(1, 40, size=int(rng.integers(3, 12))):
+                writer.add_document(rng.integers(4, 1000, size=int(length)))
+    # skewed (a 20x spread), yet every dataset draws >= 200 samples: megatron-core refuses a
+    # blend whose +-1 sample of rounding exceeds a dataset's 0.5% surplus
+    weights = np.geomspace(1.0, 20.0, len(names))
+    rng.shuffle(weights)
+    weights = weights.tolist()
+    seq_length, seed, num_samples = 8, 1234, 150_000
+    config = gpt.GPTDatasetConfig(
+        random_seed=seed, sequence_length=seq_length, split="1",
+        blend=([str(tmp_path / n) for n in names], weights),
+        path_to_cache=str(tmp_path / "mcore_cache"), tokenizer=_Tokenizer(),
+        reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = builder.BlendedMegatronDatasetBuilder(
+            gpt.GPTDataset, [num_samples, 0, 0], lambda: True, config).build()[0]
+    request = IndexRequest(seq_length=seq_length, train_samples=num_samples,
+                           valid_samples=None, test_samples=None, split="1", seed=seed,
+                           weights=dict(zip(names, weights, strict=True)))
+    mine = build_sample_datasets(tmp_path, request).splits["train"]
+    np.testing.assert_array_equal(mine.dataset_index, theirs.dataset_index)
+    np.testing.assert_array_equal(mine.dataset_sample_index, theirs.dataset_sample_index)
+    for i in range(0, len(mine), len(mine) // 50):
+        d, s = mine.source(i)
+        expected, _ = theirs.datasets[d]._query_document_sample_shuffle_indices(s)
+        np.testing.assert_array_equal(mine[i], expected)

@@ -1,6 +1,9 @@
-"""Megatron's blend rule, computed by verified vectorized lanes: goldens, properties, oracle."""
+"""Megatron's blend rule, compiled (scan and wake kernels): goldens, properties, oracle."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -46,6 +49,13 @@ def test_blend_by_hand():
     assert index.dtype == np.int16 and sample.dtype == np.int64
 
 
+def test_non_finite_weights_are_refused():
+    """Catches: a NaN weight reaching the compiled scan, whose search for the maximum error
+    would then run past the end of its arrays."""
+    with pytest.raises(ValueError, match="finite"):
+        build_blend_indices(np.array([0.5, np.nan]), 10)
+
+
 def test_exhaustive_blend_by_hand():
     """Catches: a spent dataset still being drawn from, or sizes not taken exactly."""
     # sizes (1, 3): w = (.25, .75); i=0 t=1 -> 1; i=1 t=1 (.25, -.25) -> 0, now spent; 1, 1
@@ -60,35 +70,78 @@ def test_component_sizes_follow_megatron_formula():
     assert blend_component_sizes([1 / 3] * 3, 10, 0.005) == [5, 5, 5]  # ceil(ceil(3.33)*1.005)
 
 
-@pytest.mark.parametrize("lane_length", [1, 3, 16, 8192])
-def test_lanes_equal_the_sequential_rule(monkeypatch, lane_length):
-    """Catches: lanes stitched at the wrong step, a guess trusted before it met the true
-    trajectory, or the fallback round restarting from wrong counts. Tiny lanes force many
-    meetings and (with tiny weights) meetings that fail and need another round."""
-    monkeypatch.setattr(blending, "_LANE_LENGTH", lane_length)
-    rounds = []
-    real_run_lanes = blending._run_lanes
-    monkeypatch.setattr(blending, "_run_lanes",
-                        lambda *a: rounds.append(1) or real_run_lanes(*a))
-    rng = np.random.default_rng(lane_length)
-    for case in range(12):
-        k = int(rng.integers(1, 9))
-        weights = rng.random(k) ** (1 + 4 * (case % 3)) + 1e-9
-        if case % 4 == 0:
-            weights = np.ones(k)  # all ties
-        weights /= weights.sum()
-        size = int(rng.integers(1, 700))
+def _weights(rng, kind, k):
+    """Weight families that stress different parts of the kernels."""
+    if kind == "skewed":  # a few heavy, many light
+        weights = rng.random(k) ** 4 + 1e-9
+    elif kind == "tiny":  # many datasets that wake rarely (the wake kernel's far list)
+        weights = rng.dirichlet(np.full(k, 0.05)) + 1e-12
+    elif kind == "equal":  # one group, every error tied
+        weights = np.ones(k)
+    elif kind == "powers":  # exact ties between groups of different weights
+        weights = 2.0 ** -rng.integers(0, 4, size=k)
+    else:  # near-equal: the maximum error dips towards 0, so lam is often too high
+        weights = 1 + 0.01 * rng.random(k)
+    return weights / weights.sum()
+
+
+# (scan_limit, period): the default choice, the wake kernel forced (its level reset and every
+# group refiled every `period` steps: 3 refiles almost every step), the scan kernel forced
+KERNELS = [(blending.SCAN_LIMIT, 4096), (0, 4096), (0, 3), (10**6, 4096)]
+
+
+@pytest.mark.parametrize(("scan_limit", "period"), KERNELS)
+def test_kernels_equal_the_sequential_rule(scan_limit, period):
+    """Catches: a kernel that deviates from the rule: a sleeping group that should have
+    woken (wake step or slack wrong), a tie resolved by the wrong index (within a group of
+    equal weights or between groups), a refile that loses a group, a spent dataset served,
+    or the padding picked."""
+    rng = np.random.default_rng(scan_limit + period)
+    for case in range(15):
+        k = int(rng.integers(1, 70))
+        kind = ["skewed", "tiny", "equal", "powers", "near"][case % 5]
+        weights = _weights(rng, kind, k)
+        size = int(rng.integers(1, 3000))
         expected = _reference(weights, size)
-        got = build_blend_indices(weights, size)
-        np.testing.assert_array_equal(got[0], expected[0], err_msg=f"{weights} {size}")
-        np.testing.assert_array_equal(got[1], expected[1], err_msg=f"{weights} {size}")
-        sizes = rng.integers(1, 60, size=k)
-        expected = _reference(sizes / sizes.sum(), int(sizes.sum()), limits=sizes)
-        got = build_exhaustive_blend_indices(sizes.tolist())
+        got = blending._greedy(weights, size, None, scan_limit, period)
+        np.testing.assert_array_equal(got[0], expected[0], err_msg=f"{kind} {k} {size}")
+        np.testing.assert_array_equal(got[1], expected[1], err_msg=f"{kind} {k} {size}")
+        assert got[0].dtype == np.int16 and got[1].dtype == np.int64
+        sizes = rng.integers(0, 60, size=k)  # a size-0 dataset is never drawn from
+        sizes[0] += 1
+        if kind == "equal":
+            sizes[:] = sizes[0]
+        weights = sizes / np.float64(sizes.sum())
+        expected = _reference(weights, int(sizes.sum()), limits=sizes)
+        got = blending._greedy(weights, int(sizes.sum()), sizes, scan_limit, period)
         np.testing.assert_array_equal(got[0], expected[0], err_msg=f"{sizes}")
         np.testing.assert_array_equal(got[1], expected[1], err_msg=f"{sizes}")
-    if lane_length == 3:
-        assert len(rounds) > 24, "no lane ever failed to meet: the fallback went untested"
+
+
+@pytest.mark.parametrize("k", [100, 500])
+def test_many_datasets_equal_the_sequential_rule(k):
+    """Catches: the wake kernel (chosen above SCAN_LIMIT datasets) deviating from the rule
+    with many skewed, tiny or tied weights, including past its first period, where the
+    awake level is first set."""
+    rng = np.random.default_rng(k)
+    for kind in ("skewed", "tiny", "powers", "near"):
+        weights = _weights(rng, kind, k)
+        size = 6000
+        expected = _reference(weights, size)
+        got = build_blend_indices(weights, size)
+        np.testing.assert_array_equal(got[0], expected[0], err_msg=kind)
+        np.testing.assert_array_equal(got[1], expected[1], err_msg=kind)
+
+
+def test_numba_is_imported_by_the_first_blend_only():
+    """Catches: numba (~0.5 s to import) loaded by `import bloomline.dataprep`, i.e. by
+    every `dataprep` command, instead of by the first blend build."""
+    code = ("import sys, numpy as np, bloomline.dataprep, bloomline.dataprep.blending as b; "
+            "a = 'numba' in sys.modules; b.build_blend_indices(np.array([0.5, 0.5]), 4); "
+            "print(a, 'numba' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out == ["False", "True"]
 
 
 def test_blend_properties_at_scale():
@@ -135,3 +188,30 @@ def test_identical_to_megatron_helpers():
         got = build_exhaustive_blend_indices(sizes.tolist())
         np.testing.assert_array_equal(got[0], index)
         np.testing.assert_array_equal(got[1], sample)
+
+
+@pytest.mark.parametrize("k", [49, 100, 500])
+def test_many_datasets_identical_to_megatron_helpers(k):
+    """Catches: any difference from megatron-core's compiled helpers with many datasets
+    (the wake kernel, from just above the scan's limit), over hundreds of thousands of
+    steps: many periods, levels and refiles of the far list."""
+    helpers = pytest.importorskip("megatron.core.datasets.helpers_cpp")
+    rng = np.random.default_rng(k)
+    size = 400_000 if k < 500 else 150_000
+    for kind in ("skewed", "tiny", "equal", "powers", "near"):
+        weights = _weights(rng, kind, k)
+        index = np.zeros(size, np.int16)
+        sample = np.zeros(size, np.int64)
+        helpers.build_blending_indices(index, sample, weights, k, size, False)
+        for got in (build_blend_indices(weights, size),
+                    blending._greedy(weights, size, None, 0, 3)):  # refiled every 3 steps
+            np.testing.assert_array_equal(got[0], index, err_msg=kind)
+            np.testing.assert_array_equal(got[1], sample, err_msg=kind)
+    sizes = rng.integers(1, 2000, size=k).astype(np.int64)
+    sizes[: k // 4] = 700  # a group of equal sizes
+    index = np.zeros(int(sizes.sum()), np.int16)
+    sample = np.zeros(int(sizes.sum()), np.int64)
+    helpers.build_exhaustive_blending_indices(index, sample, sizes, k)
+    got = build_exhaustive_blend_indices(sizes.tolist())
+    np.testing.assert_array_equal(got[0], index)
+    np.testing.assert_array_equal(got[1], sample)
