@@ -10,7 +10,7 @@ DEMO   := build/demo
 STAMP     := $(VENV)/.installed-dev
 STAMP_CMP := $(VENV)/.installed-compat
 
-.PHONY: demo test lint bench-tokenize bench-readers bench-build-index bench-inspect bench-train bench-step-parts bench-parallel bench-checkpoint clean
+.PHONY: demo test lint bench-tokenize bench-tokenize-cluster bench-readers bench-build-index bench-inspect bench-train bench-step-parts bench-parallel bench-checkpoint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,9 @@ demo: $(STAMP)
 
 bench-tokenize: $(STAMP)
 	$(BIN)/python benchmarks/bench_tokenize.py
+
+bench-tokenize-cluster: $(STAMP)
+	$(BIN)/python benchmarks/bench_tokenize_cluster.py
 
 bench-readers: $(STAMP)
 	$(BIN)/python benchmarks/bench_readers.py
