@@ -285,3 +285,26 @@ def test_api_refuses_bad_requests_before_building(tmp_path):
     with pytest.raises(UserError, match="no .idx files"):
         build_sample_datasets(tmp_path, IndexRequest(seq_length=8, train_samples=1))
     assert not (corpus / ".index").exists()
+
+
+def test_blend_get_batch_equals_stacked_samples(tmp_path):
+    """Bug: a blend's batched read that serves another dataset's sample, puts rows back in
+    the wrong order after grouping them by dataset, or mishandles a batch of one dataset,
+    duplicates, negative indices or an index past the end."""
+    corpus = _corpus(tmp_path)
+    request = IndexRequest(seq_length=16, train_samples=600, split="1",
+                           weights={"a": 0.5, "b": 0.3, "c": 0.2})
+    blend = build_sample_datasets(corpus, request).splits["train"]
+    assert isinstance(blend, BlendedSampleDataset)
+    n = len(blend)
+    rng = np.random.default_rng(6)
+    only_c = np.flatnonzero(np.asarray(blend.dataset_index) == 2)[:9]
+    batches = [[0], [n - 1, 0, -1], only_c, [5, 5, 3, 5], rng.integers(-n, n, size=64),
+               np.arange(n)]
+    for ids in batches:
+        batch = blend.get_batch(ids)
+        assert batch.dtype == np.uint16 and batch.shape == (len(ids), 17)
+        np.testing.assert_array_equal(batch, np.stack([blend[int(i)] for i in ids]))
+    with pytest.raises(IndexError, match=f"sample index {n} is out of range for {n} samples"):
+        blend.get_batch([1, n])
+    assert blend.get_batch([]).shape == (0, 17)

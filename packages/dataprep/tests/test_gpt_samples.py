@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from bloomline.common import UserError
-from bloomline.dataprep import IndexedDataset, IndexedDatasetWriter
+from bloomline.dataprep import IndexedDataset, IndexedDatasetWriter, gpt_samples
 from bloomline.dataprep.gpt_samples import (
     GPTSampleDataset,
     _sample_starts,
@@ -107,10 +107,15 @@ def test_too_small_and_bad_length_are_named(tmp_path):
         build_sample_index(ds.sequence_lengths, range(2), 0, None, seed=1)
 
 
-def test_identical_to_megatron_core(tmp_path):
+@pytest.mark.parametrize("compiled", [False, True], ids=["numpy", "compiled"])
+def test_identical_to_megatron_core(tmp_path, monkeypatch, compiled):
     """Catches: any difference from megatron-core's GPTDataset indices or sample tokens
-    (the promise that a Megatron user's sample order carries over unchanged)."""
+    (the promise that a Megatron user's sample order carries over unchanged), by the numpy
+    path of small indices and by the compiled loops of large ones (forced here)."""
     import warnings
+
+    if compiled:
+        monkeypatch.setattr(gpt_samples, "_COMPILED_FROM", 2)
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -163,6 +168,50 @@ def test_sample_index_is_the_same_when_walked_in_blocks():
             _sample_starts(lengths, document_index, 16, num_built, block=block), whole)
 
 
+@pytest.mark.parametrize("dtype", [np.int32, np.uint32, np.int64])
+def test_compiled_shuffle_is_randomstate_shuffle(monkeypatch, dtype):
+    """Catches: a compiled shuffle that differs from ``RandomState.shuffle`` in any swap (a
+    wrong mask or rejection at a power of two, a Mersenne Twister refill off by one word) or
+    leaves the generator elsewhere, which would change every later draw (the shuffle index,
+    the next split): Megatron's orders would no longer carry over."""
+    monkeypatch.setattr(gpt_samples, "_COMPILED_FROM", 2)
+    rng = np.random.default_rng(3)
+    # sizes around powers of two (mask changes) and past many 624-word refills
+    for size in (2, 3, 4, 5, 17, 624, 1025, 4096, 4097, 70_001):
+        for skip in (0, 1, 623):  # the generator's position inside its key
+            seed = int(rng.integers(1 << 31))
+            theirs, ours = np.random.RandomState(seed), np.random.RandomState(seed)
+            for generator in (theirs, ours):
+                generator.randint(1 << 30, size=skip)
+            expected = np.arange(size, dtype=dtype) * 3
+            got = expected.copy()
+            theirs.shuffle(expected)
+            gpt_samples.shuffle(ours, got)
+            np.testing.assert_array_equal(got, expected, f"size {size}, skip {skip}")
+            assert np.array_equal(ours.randint(1 << 30, size=5), theirs.randint(1 << 30, size=5))
+
+
+@pytest.mark.parametrize("extra", [1, 0])
+def test_compiled_sample_starts_equal_the_closed_form(monkeypatch, extra):
+    """Catches: the compiled walk of large document indices placing a sample start on the
+    wrong side of a document's end (with and without the extra token), stalling on empty
+    documents or at the last row."""
+    rng = np.random.default_rng(12)
+    for _ in range(200):
+        lengths = rng.choice([0, 0, 1, 2, 3, 5, 8, 40], size=int(rng.integers(1, 40)))
+        lengths = lengths.astype(np.int32)
+        if lengths.sum() < 10:
+            continue
+        document_index = rng.permutation(np.tile(np.arange(len(lengths), dtype=np.int32), 3))
+        seq_length = int(rng.integers(1, 9))
+        num_built = (int(lengths.sum()) * 3 - extra) // seq_length
+        monkeypatch.setattr(gpt_samples, "_COMPILED_FROM", 1 << 62)
+        closed = _sample_starts(lengths, document_index, seq_length, num_built, extra=extra)
+        monkeypatch.setattr(gpt_samples, "_COMPILED_FROM", 1)
+        compiled = _sample_starts(lengths, document_index, seq_length, num_built, extra=extra)
+        np.testing.assert_array_equal(compiled, closed, (lengths, seq_length))
+
+
 def test_last_row_without_extra_token_at_an_exact_multiple_of_l():
     """Catches: the last sample-index row left unfilled (garbage) when, without the extra
     token, the data ends exactly on a sample boundary: Megatron records (last position, its
@@ -179,3 +228,105 @@ def test_last_row_without_extra_token_at_an_exact_multiple_of_l():
     reference = helpers.build_sample_idx(np.full(10, 8, np.int32), index.document_index, 16, 1,
                                          80, True, False)
     assert np.array_equal(index.sample_index, reference)
+
+
+# -- get_batch: many samples in one call ------------------------------------------------------
+def _stacked(samples, ids) -> np.ndarray:
+    return np.stack([samples[int(i)] for i in ids])
+
+
+def _assert_batch_is_stacked(samples, ids, dtype) -> None:
+    batch = samples.get_batch(ids)
+    assert batch.dtype == dtype and batch.shape == (len(ids), len(samples[0]))
+    np.testing.assert_array_equal(batch, _stacked(samples, ids))
+
+
+@pytest.mark.parametrize("dtype", [np.uint16, np.int32])
+def test_get_batch_equals_stacked_samples_over_many_epochs(tmp_path, dtype):
+    """Bug: a batched read that differs from ``ds[i]`` anywhere: the wrong window of the
+    document stream, a lost or doubled token at a document boundary, the first or last
+    sample, duplicates or negative indices in one batch, the last epoch (kept apart from the
+    shuffle), or tokens widened/narrowed before the trainer converts them."""
+    rng = np.random.default_rng(11)
+    with IndexedDatasetWriter(tmp_path / "d", dtype) as writer:
+        for length in rng.integers(1, 90, size=150):
+            writer.add_document(rng.integers(0, 60000, size=int(length)))
+    ds = IndexedDataset(tmp_path / "d")
+    index = build_sample_index(ds.sequence_lengths, range(150), 32, 1200, seed=5)
+    assert index.num_epochs > 3
+    samples = GPTSampleDataset(ds, index)
+    n = len(samples)
+    batches = [[0], [n - 1], [0, n - 1, -1, -n], [7, 7, 7, 3, 7],
+               rng.integers(0, n, size=64), rng.integers(-n, n, size=33),
+               list(range(n))]  # every sample once: every run of every epoch
+    for ids in batches:
+        _assert_batch_is_stacked(samples, ids, np.dtype(dtype))
+    # the indices as a numpy array of another integer type read the same
+    np.testing.assert_array_equal(samples.get_batch(np.array([5, 2], dtype=np.uint32)),
+                                  _stacked(samples, [5, 2]))
+
+
+@pytest.mark.parametrize("add_extra_token", [True, False])
+def test_get_batch_across_many_short_and_empty_documents(tmp_path, add_extra_token):
+    """Bug: samples that span dozens of documents (one-token documents, empty documents that
+    own no sequence, multi-sequence documents) read with a run dropped, repeated or cut at the
+    wrong offset; without the extra token, Megatron's rows that start on a document's end
+    (an empty first run) and the last row at an exact multiple of L."""
+    rng = np.random.default_rng(4)
+    with IndexedDatasetWriter(tmp_path / "d", np.uint16) as writer:
+        lengths = rng.choice([0, 0, 1, 1, 2, 3, 40], size=400)
+        writer.add_documents(rng.integers(0, 1000, size=int(lengths.sum())), lengths)
+        writer.add_document(rng.integers(0, 1000, size=12), sequence_lengths=[5, 7])
+    ds = IndexedDataset(tmp_path / "d")
+    assert ds.num_documents > len(ds)  # some documents are empty
+    index = build_sample_index(ds.sequence_lengths, range(len(ds)), 64, 300, seed=9,
+                               add_extra_token=add_extra_token)
+    samples = GPTSampleDataset(ds, index, add_extra_token)
+    runs = np.diff(index.sample_index[:, 0]) + 1
+    assert runs.max() > 20  # a sample spans dozens of documents
+    ids = np.arange(len(samples))
+    _assert_batch_is_stacked(samples, ids, np.dtype(np.uint16))
+    _assert_batch_is_stacked(samples, rng.permutation(ids)[:50], np.dtype(np.uint16))
+    # whole documents, no extra token, lengths a multiple of L: the last row is (k, len_k)
+    with IndexedDatasetWriter(tmp_path / "e", np.uint16) as writer:
+        for _ in range(10):
+            writer.add_document(rng.integers(0, 1000, size=8))
+    exact = IndexedDataset(tmp_path / "e")
+    index = build_sample_index(exact.sequence_lengths, range(10), 16, None, 1234,
+                               add_extra_token=False)
+    samples = GPTSampleDataset(exact, index, add_extra_token=False)
+    _assert_batch_is_stacked(samples, np.arange(len(samples))[::-1], np.dtype(np.uint16))
+
+
+def test_get_batch_names_a_bad_index_and_reads_empty_batches(tmp_path):
+    """Bug: an index past the end read as a wrapped-around or garbage sample, an error that
+    does not say which index, or an empty batch that crashes instead of giving 0 rows."""
+    ds = _write(tmp_path, [30, 25, 40])
+    samples = GPTSampleDataset(ds, build_sample_index(ds.sequence_lengths, range(3), 8, None,
+                                                      seed=1))
+    n = len(samples)
+    for bad, ids in ((n, [0, n, 1]), (-n - 1, [-n - 1]), (n + 5, np.array([n + 5], np.uint64))):
+        with pytest.raises(IndexError, match=f"sample index {bad} is out of range for {n}"):
+            samples.get_batch(ids)
+    with pytest.raises(TypeError, match="integers"):
+        samples.get_batch([1.0, 2.0])
+    with pytest.raises(TypeError, match="one-dimensional"):
+        samples.get_batch([[1, 2]])
+    empty = samples.get_batch([])
+    assert empty.shape == (0, 9) and empty.dtype == np.uint16
+
+
+def test_get_batch_after_pickling_reads_the_same(tmp_path):
+    """Bug: a dataset sent to a loader worker (pickled) that carries its parent's memory map
+    or reads stale arrays instead of reopening its own."""
+    import pickle
+
+    rng = np.random.default_rng(8)
+    ds = _write(tmp_path, rng.integers(1, 50, size=60))
+    samples = GPTSampleDataset(ds, build_sample_index(ds.sequence_lengths, range(60), 16, 500,
+                                                      seed=2))
+    ids = rng.integers(0, len(samples), size=20)
+    before = samples.get_batch(ids)  # the reader exists now
+    clone = pickle.loads(pickle.dumps(samples))
+    assert clone._reader is None
+    np.testing.assert_array_equal(clone.get_batch(ids), before)

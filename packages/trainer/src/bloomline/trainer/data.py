@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 
 from bloomline.common.errors import UserError
 from bloomline.dataprep import IndexRequest, build_sample_datasets
@@ -27,7 +27,13 @@ __all__ = ["MegatronSampler", "TokenSamples", "make_loader", "open_splits", "che
 
 class TokenSamples(Dataset):
     """A dataprep sample dataset as int64 tensors of L + 1 tokens (picklable: workers reopen
-    the memory maps instead of copying them)."""
+    the memory maps instead of copying them).
+
+    The loader reads a whole micro-batch in one call: torch's DataLoader calls
+    ``__getitems__`` with the batch sampler's ids, which reads them with dataprep's
+    vectorized ``get_batch`` (in the file's token dtype) and converts once, straight into
+    the tensor the worker hands over; ``make_loader``'s collate keeps that tensor as it is.
+    """
 
     def __init__(self, samples, seq_length: int) -> None:
         self.samples = samples
@@ -42,6 +48,35 @@ class TokenSamples(Dataset):
             raise UserError(f"sample {index} has {len(tokens)} tokens, expected "
                             f"data.seq_length + 1 = {self.seq_length + 1}")
         return torch.from_numpy(np.asarray(tokens, dtype=np.int64))
+
+    def __getitems__(self, indices: list[int]) -> torch.Tensor:
+        """Samples ``indices`` as one [len(indices), L + 1] int64 tensor."""
+        get_batch = getattr(self.samples, "get_batch", None)
+        if get_batch is None:  # a plain sequence of samples (tests, tools)
+            tokens = np.stack([np.asarray(self.samples[i]) for i in indices])
+        else:
+            tokens = get_batch(indices)  # (b, L + 1), uint16 or int32
+        if tokens.shape[1:] != (self.seq_length + 1,):  # an index built for another L
+            raise UserError(f"samples have {tokens.shape[1]} tokens, expected "
+                            f"data.seq_length + 1 = {self.seq_length + 1}")
+        batch = _int64_batch(tokens.shape)
+        np.copyto(batch.numpy(), tokens, casting="safe")  # int64 tokens, converted once
+        return batch
+
+
+def _int64_batch(shape: tuple[int, int]) -> torch.Tensor:
+    """An empty int64 tensor; in a loader worker, in shared memory: default_collate's trick,
+    which spares the copy into shared memory that sending a tensor to the trainer costs."""
+    if get_worker_info() is None:
+        return torch.empty(shape, dtype=torch.int64)
+    numel = shape[0] * shape[1]
+    storage = torch.empty(0, dtype=torch.int64)._typed_storage()._new_shared(numel)
+    return torch.empty(0, dtype=torch.int64).new(storage).view(shape)
+
+
+def _keep_batch(batch: torch.Tensor) -> torch.Tensor:
+    """The loader's collate: ``__getitems__`` returns the micro-batch tensor already."""
+    return batch
 
 
 class MegatronSampler(Sampler[list[int]]):
@@ -112,14 +147,15 @@ def open_splits(corpus: str, seq_length: int, train_samples: int, valid_samples:
 
 def make_loader(samples: TokenSamples, sampler: MegatronSampler, num_workers: int,
                 prefetch_factor: int, pin_memory: bool) -> DataLoader:
-    """Worker processes assemble whole micro-batches ahead of the step (prefetch); pinned
-    memory makes the host-to-GPU copy asynchronous."""
+    """Worker processes assemble whole micro-batches ahead of the step (prefetch), each with
+    one batched read (``TokenSamples.__getitems__``); pinned memory makes the host-to-GPU
+    copy asynchronous."""
     kwargs = {}
     if num_workers > 0:
         kwargs = {"prefetch_factor": prefetch_factor, "persistent_workers": False,
                   "worker_init_fn": _ignore_stop_signals}
     return DataLoader(samples, batch_sampler=sampler, num_workers=num_workers,
-                      pin_memory=pin_memory, **kwargs)
+                      collate_fn=_keep_batch, pin_memory=pin_memory, **kwargs)
 
 
 def _ignore_stop_signals(worker_id: int) -> None:  # noqa: ARG001 - worker_init_fn signature
