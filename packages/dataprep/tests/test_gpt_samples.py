@@ -316,6 +316,17 @@ def test_get_batch_names_a_bad_index_and_reads_empty_batches(tmp_path):
     assert empty.shape == (0, 9) and empty.dtype == np.uint16
 
 
+def test_get_batch_refuses_an_index_of_another_file(tmp_path):
+    """Bug: the compiled copy trusting an index built for another token file and writing
+    past a batch row or reading past the file's mapping (memory corruption, not an error)."""
+    long = _write(tmp_path, [40, 40, 40], "long")
+    short = _write(tmp_path, [40, 40, 3], "short")
+    index = build_sample_index(long.sequence_lengths, range(3), 8, None, seed=1)
+    wrong = GPTSampleDataset(short, index)
+    with pytest.raises(ValueError, match="does not fill 9 tokens of .*short.*another token"):
+        wrong.get_batch(np.arange(len(wrong)))
+
+
 def test_get_batch_after_pickling_reads_the_same(tmp_path):
     """Bug: a dataset sent to a loader worker (pickled) that carries its parent's memory map
     or reads stale arrays instead of reopening its own."""

@@ -42,12 +42,10 @@ from bloomline.dataprep.gpt_samples import (
     GPTSampleDataset,
     SampleIndex,
     build_sample_index,
-    check_range,
+    out_of_range,
     parse_split,
     sample_ids,
-    sample_pieces,
     split_sequence_ranges,
-    stack_pieces,
 )
 from bloomline.dataprep.index_cache import CacheEntry, cached_arrays, file_identity
 from bloomline.dataprep.indexed_dataset import IndexedDataset
@@ -112,17 +110,18 @@ class BlendedSampleDataset:
         """Samples ``indices`` as one ``(len(indices), L + 1)`` array in the files' token dtype:
         row r holds the values of ``ds[indices[r]]``.
 
-        The samples are grouped by dataset, the document runs of all groups found in one
-        vectorized pass (:func:`~bloomline.dataprep.gpt_samples.sample_pieces`) and joined in
-        one copy, and the rows put back in the order asked: no loop over samples.
+        The batch's samples are grouped by dataset and each group copied by its dataset's
+        compiled loop straight into its rows (:meth:`GPTSampleDataset.get_batch`): one call
+        per dataset present, no loop over samples.
 
         Raises:
             IndexError: naming the first index outside ``-len(ds) .. len(ds) - 1``.
         """
         ids = sample_ids(indices)
-        dtype = self.datasets[0].dataset.dtype
+        first = self.datasets[0]
+        batch = np.empty((len(ids), first.sample_length), dtype=first.dataset.dtype)
         if len(ids) == 0:
-            return np.empty((0, self.datasets[0].sample_length), dtype=dtype)
+            return batch
         if self._plain is None:  # indexing a np.memmap costs ~1 us more per call
             self._plain = (np.asarray(self.dataset_index).view(np.ndarray),
                            np.asarray(self.dataset_sample_index).view(np.ndarray))
@@ -130,24 +129,18 @@ class BlendedSampleDataset:
             which = self._plain[0][ids]
             own = self._plain[1][ids]
         except IndexError:
-            check_range(ids, len(self))
-            raise
-        if len(ids) == 1:
-            return self.datasets[int(which[0])].get_batch(own)
-        counts = np.bincount(which).tolist()
-        if max(counts) == len(ids):  # all from one dataset: no regrouping
-            pieces = sample_pieces([(self.datasets[counts.index(len(ids))], own)])
-            return stack_pieces(pieces, len(ids), dtype)
-        order = np.argsort(which, kind="stable")  # the batch grouped by dataset
-        own = own[order]
-        groups, start = [], 0
-        for number, count in enumerate(counts):
+            bad = (ids < -len(self)) | (ids >= len(self))
+            raise out_of_range(int(ids[bad][0]), len(self)) from None
+        if len(ids) == 1 or (which == which[0]).all():  # one dataset: no regrouping
+            self.datasets[int(which[0])].batch_reader().gather(own, batch)
+            return batch
+        order = np.argsort(which, kind="stable")  # the batch's rows grouped by dataset
+        start = 0
+        for number, count in enumerate(np.bincount(which).tolist()):
             if count:
-                groups.append((self.datasets[number], own[start : start + count]))
+                rows = order[start : start + count]
+                self.datasets[number].batch_reader().gather(own[rows], batch, rows)
                 start += count
-        grouped = stack_pieces(sample_pieces(groups), len(ids), dtype)
-        batch = np.empty_like(grouped)
-        batch[order] = grouped
         return batch
 
     def __getstate__(self) -> dict:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from itertools import accumulate
 
 import numpy as np
 
@@ -271,6 +270,7 @@ class GPTSampleDataset:
         self.index = index
         self.extra = int(add_extra_token)
         self._reader: _BatchReader | None = None  # per process, made on first get_batch
+        self._sample_length: int | None = None
 
     def __len__(self) -> int:
         return len(self.index)
@@ -296,27 +296,20 @@ class GPTSampleDataset:
         """Samples ``indices`` as one ``(len(indices), L + 1)`` array in the file's token dtype
         (uint16 or int32): row r holds the values of ``ds[indices[r]]``.
 
-        One call per micro-batch: a fixed number of numpy calls for the whole batch and one
-        copy of every document run it touches (:func:`sample_pieces`), where ``ds[i]`` pays a
-        dozen numpy calls per sample.
+        One call per micro-batch: one compiled loop (``_index_kernels.gather_samples``) copies
+        every sample's document runs straight into the batch, where ``ds[i]`` pays a dozen
+        numpy calls per sample.
 
         Raises:
             IndexError: naming the first index outside ``-len(ds) .. len(ds) - 1``.
         """
         ids = sample_ids(indices)
-        if len(ids) == 0:
-            return np.empty((0, self.sample_length), dtype=self.dataset.dtype)
-        try:
-            if len(ids) == 1:  # ds[i]'s scalar path: half the batched path's fixed cost
-                return np.array(self._tokens(int(ids[0])))[None]
-            pieces = sample_pieces([(self, ids)])
-        except IndexError:
-            check_range(ids, len(self))  # checked only here: two numpy calls off the fast path
-            raise
-        return stack_pieces(pieces, len(ids), self.dataset.dtype)
+        batch = np.empty((len(ids), self.sample_length), dtype=self.dataset.dtype)
+        self.batch_reader().gather(ids, batch)
+        return batch
 
     def batch_reader(self) -> _BatchReader:
-        """This process's reader for :func:`sample_pieces` (made on first use)."""
+        """This process's reader for :meth:`get_batch` (made on first use)."""
         if self._reader is None:
             self._reader = _BatchReader(self)
         return self._reader
@@ -324,20 +317,24 @@ class GPTSampleDataset:
     @property
     def sample_length(self) -> int:
         """Tokens per sample: L + 1 (L without the extra token)."""
-        return len(self[0])
+        if self._sample_length is None:
+            self._sample_length = len(self[0])
+        return self._sample_length
 
     def __getstate__(self) -> dict:
         # the reader holds a memory map: each process (a DataLoader worker) makes its own
         return {**self.__dict__, "_reader": None}
 
 
+_ALL_ROWS = np.empty(0, dtype=np.intp)  # the kernel's rows for row r = ids[r]
+
+
 def sample_ids(indices) -> np.ndarray:
-    """``indices`` (a sequence or 1-D array of ints) as an intp array. Ranges are checked by
-    the first numpy gather that uses them, which raises IndexError; the caller then calls
-    :func:`check_range` for an error that names the index in the dataset's terms.
+    """``indices`` (a sequence or 1-D array of ints) as an intp array.
 
     Raises:
         TypeError: for indices that are not one-dimensional integers.
+        IndexError: for an unsigned index beyond any dataset's length.
     """
     ids = np.asarray(indices)
     if ids.ndim != 1:
@@ -351,105 +348,52 @@ def sample_ids(indices) -> np.ndarray:
     return ids
 
 
-def check_range(ids: np.ndarray, num_samples: int) -> None:
-    """Raise IndexError naming the first of ``ids`` outside ``-num_samples ..
-    num_samples - 1`` (negative indices count from the end, as in ``ds[i]``)."""
-    bad = (ids < -num_samples) | (ids >= num_samples)
-    if bad.any():
-        raise IndexError(f"sample index {int(ids[bad][0])} is out of range for "
-                         f"{num_samples} samples")
-
-
-def stack_pieces(pieces: list[memoryview], num_samples: int, dtype: np.dtype) -> np.ndarray:
-    """Pieces of ``num_samples`` equal-length samples (in tokens of ``dtype``), joined into a
-    fresh, writable ``(num_samples, sample length)`` array: one copy of each piece."""
-    return np.frombuffer(bytearray().join(pieces), dtype).reshape(num_samples, -1)
+def out_of_range(index: int, num_samples: int) -> IndexError:
+    return IndexError(f"sample index {index} is out of range for {num_samples} samples")
 
 
 def _plain(array: np.ndarray) -> np.ndarray:
-    """``array`` as a plain ndarray view: indexing a ``np.memmap`` costs ~1 us more per call
-    (its subclass hooks), ten times the indexing itself at a micro-batch's sizes."""
+    """``array`` as a plain ndarray view: numba takes no ``np.memmap``, and indexing one from
+    Python costs ~1 us more per call (its subclass hooks)."""
     return np.asarray(array).view(np.ndarray)
 
 
 class _BatchReader:
-    """The arrays :func:`sample_pieces` reads through, as plain views, and the ``.bin`` as a
-    memoryview of bytes, whose slices cost ~0.1 us and copy nothing. Indexing, never
-    ``take``: ``take`` copies a misaligned source array whole on every call, and the ``.idx``
-    arrays sit at odd offsets of their file."""
+    """The arrays :meth:`GPTSampleDataset.get_batch`'s compiled loop reads, as plain views,
+    and the ``.bin`` mapped as an array of tokens."""
 
     def __init__(self, samples: GPTSampleDataset) -> None:
+        from bloomline.dataprep._index_kernels import gather_samples
+
         index, dataset = samples.index, samples.dataset
-        self.shuffle = _plain(index.shuffle_index)
-        rows = _plain(index.sample_index).reshape(-1)
-        # row j: (first position, its offset, last position, its offset) of built sample j,
-        # i.e. rows j and j + 1 of the sample index, without a copy
-        self.bounds = np.lib.stride_tricks.sliding_window_view(rows, 4)[::2]
-        self.documents = _plain(index.document_index)
-        self.lengths = _plain(dataset.sequence_lengths)
-        self.pointers = _plain(dataset.sequence_pointers)  # in bytes
-        self.itemsize = dataset.dtype.itemsize
-        self.extra = samples.extra
-        # a mapping of our own: IndexedDataset hands out arrays, and slices of a memoryview
-        # of bytes are the cheapest views there are
         size = dataset.bin_path.stat().st_size
-        raw = np.memmap(dataset.bin_path, np.uint8, "r") if size else np.zeros(0, np.uint8)
-        self.bytes = memoryview(raw)
+        tokens = (np.memmap(dataset.bin_path, dataset.dtype, "r").view(np.ndarray) if size
+                  else np.zeros(0, dataset.dtype))
+        self.dtype = dataset.dtype
+        self.path = dataset.bin_path
+        self.num_samples = len(samples)
+        self._gather = gather_samples
+        self._arrays = (_plain(index.shuffle_index), _plain(index.sample_index),
+                        _plain(index.document_index), _plain(dataset.sequence_pointers),
+                        _plain(dataset.sequence_lengths), tokens,
+                        dataset.dtype.itemsize, samples.extra)
 
+    def gather(self, ids: np.ndarray, batch: np.ndarray, rows: np.ndarray | None = None
+               ) -> None:
+        """Samples ``ids`` (negative ones count from the end) into rows ``rows`` of ``batch``
+        (row r for ids[r] without ``rows``).
 
-def sample_pieces(groups: list[tuple[GPTSampleDataset, np.ndarray]]) -> list[memoryview]:
-    """The runs of tokens that make up samples ``ids`` of each ``(dataset, ids)`` group (ids:
-    non-empty intp arrays, see :func:`sample_ids`), group after group, as views into the
-    memory-mapped ``.bin`` files. Joined, they are the samples back to back
-    (:func:`stack_pieces`). The datasets must share token dtype and ``add_extra_token``.
-
-    For n samples that span S document runs (S ~ n (1 + L / mean document length)) this
-    makes ~20 numpy calls on arrays of n or S entries plus 5 per group (the shuffle, sample
-    and document indices of all samples gathered at once), then one slice per run (``map``
-    in C: no Python loop per sample) for the join to copy. Measured against alternatives: an
-    element-wise gather (``tokens[flat index]``) builds and reads an 8-byte index per 2-byte
-    token and ran slower; ndarray slices cost 2x a memoryview's; a memoryview cast to the
-    token type slices 1.5x slower than one of bytes.
-
-    Raises:
-        IndexError: from numpy, when an id is out of range (the callers name it).
-    """
-    readers = [dataset.batch_reader() for dataset, _ in groups]
-    itemsize, extra = readers[0].itemsize, readers[0].extra
-    if any((r.itemsize, r.extra) != (itemsize, extra) for r in readers):
-        raise ValueError("sample_pieces: the datasets differ in token size or extra token")
-    rows = [r.bounds[r.shuffle[ids]] for r, (_, ids) in zip(readers, groups, strict=True)]
-    rows = (rows[0] if len(rows) == 1 else np.concatenate(rows)).T.astype(np.int64, order="C")
-    if itemsize != 1:
-        rows[1::2] *= itemsize  # the offsets, in bytes
-    first, first_offset, last, last_offset = rows  # (n,) each
-    runs = last - first
-    runs += 1  # document runs per sample
-    ends = runs.cumsum()
-    heads = ends - runs  # each sample's first run
-    position = np.arange(int(ends[-1]), dtype=np.int64)
-    position += np.repeat(first - heads, runs)  # each run's position in its document index
-    if len(readers) == 1:
-        sequence = readers[0].documents[position]
-        starts = readers[0].pointers[sequence]
-        lengths = readers[0].lengths[sequence]
-        cuts = [0, len(position)]
-    else:  # the runs of group g are cuts[g]:cuts[g + 1]
-        last_samples = [total - 1 for total in accumulate(len(ids) for _, ids in groups)]
-        cuts = [0] + ends[last_samples].tolist()
-        sequences = [r.documents[position[a:b]]
-                     for r, a, b in zip(readers, cuts[:-1], cuts[1:], strict=True)]
-        starts = np.concatenate([r.pointers[q] for r, q in zip(readers, sequences, strict=True)])
-        lengths = np.concatenate([r.lengths[q] for r, q in zip(readers, sequences, strict=True)])
-    stops = np.multiply(lengths, itemsize, dtype=np.int64)
-    stops += starts
-    tails = ends - 1  # each sample's last run ends after its last offset (+ the extra token)
-    stops[tails] = starts[tails] + last_offset + extra * itemsize
-    starts[heads] += first_offset
-    starts, stops = starts.tolist(), stops.tolist()
-    if len(readers) == 1:
-        return list(map(readers[0].bytes.__getitem__, map(slice, starts, stops)))
-    pieces = []
-    for r, a, b in zip(readers, cuts[:-1], cuts[1:], strict=True):
-        pieces += map(r.bytes.__getitem__, map(slice, starts[a:b], stops[a:b]))
-    return pieces
+        Raises:
+            IndexError: naming the first id out of range (rows before it are written).
+            ValueError: for a batch of another dtype or layout, or a sample that does not
+                fill its row (an index made for another token file or L).
+        """
+        if batch.dtype != self.dtype or not batch.flags.c_contiguous:  # the loop copies bytes
+            raise ValueError(f"batch must be C-contiguous {self.dtype}, got {batch.dtype}")
+        bad = self._gather(ids, _ALL_ROWS if rows is None else rows, batch, *self._arrays)
+        if bad >= 0:
+            raise out_of_range(int(ids[bad]), self.num_samples)
+        if bad < -1:
+            raise ValueError(f"sample {int(ids[-2 - bad])} does not fill {batch.shape[1]} "
+                             f"tokens of {self.path}: its index was made for another token "
+                             "file or sequence length")
