@@ -15,14 +15,21 @@ tokens; written once under ``--cache-dir`` and reused) at L = 2048 it measures:
       plain copy of L + 1 tokens from the same start offsets of the memory-mapped ``.bin`` into
       a preallocated int64 buffer (the limit). The page cache is warmed first (the ``.bin`` is
       read once), so this measures memory, not disk.
+  (d) batched reads, in the same child: ``ds.get_batch`` in micro-batches of
+      ``--batch-sizes`` (1, 8, 32, 128) ids against ``ds[i]`` one by one and the same plain-copy
+      limit, for ``--batch-samples`` random samples of the single dataset's train split and of
+      a blend of the three (``--batch-blend-samples``, 1M): ``--batch-rounds`` (3) rounds after
+      an untimed one, wall and CPU seconds, the cores other processes kept busy meanwhile;
+      and the limit's copies by a compiled loop (the memory's floor for one window a sample).
 
 Every build runs in a fresh child process (this script with ``--child``) into a fresh, empty
 cache folder, so it is a build, not a cache hit, and the peak RSS is that build's alone: peak
 memory is ``ru_maxrss`` after the build minus the RSS just before it (the RSS after imports,
 torch included for megatron-core, is printed too); seconds are wall time around the build call
 only. The floor of a build is what both builders must do in the order the RNG fixes: the
-``RandomState.shuffle`` calls of the document and shuffle indices, timed alone for the same
-sizes (and their peak memory: the shuffled arrays themselves). A child then compares our
+shuffles of the document and shuffle indices, timed alone for the same sizes (and their peak
+memory: the shuffled arrays themselves), ours (compiled) and numpy's ``RandomState.shuffle``
+(megatron-core's), which give the same permutations. A child then compares our
 ``.npy`` indices with megatron's (document/sample/shuffle per dataset, dataset_index and
 dataset_sample_index of the blend) and prints ``identical: yes/no``.
 
@@ -52,6 +59,7 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+from machine import cpu_busy_seconds, header_line, load_average, relative
 
 SEQ_LENGTH = 2048
 SEED = 1234
@@ -223,33 +231,44 @@ def child_megatron(cfg: dict) -> dict:
 
 
 def child_floor(cfg: dict) -> dict:
-    """The RandomState.shuffle calls both builders make, in the same sizes and dtypes, timed
-    alone; one component at a time (each builder also finishes one before the next)."""
-    out, rss_before = {}, rss_bytes()
+    """The shuffles both builders make, in the same sizes and dtypes and the RNG's order,
+    timed alone: numpy's ``RandomState.shuffle`` (megatron-core's) and ours (compiled, the
+    same permutation; its numba import and kernel load timed apart first); one component at
+    a time (each builder also finishes one before the next)."""
+    from bloomline.dataprep import gpt_samples
+
+    start = time.perf_counter()
+    for dtype in (np.int32, np.uint32):  # import numba, load both kernels from its cache
+        gpt_samples.shuffle(np.random.RandomState(0),
+                            np.arange(gpt_samples._COMPILED_FROM, dtype=dtype))
+    out, rss_before = {"compiled_load": time.perf_counter() - start}, rss_bytes()
     for case, components in cfg["cases"].items():  # single first: its peak is the smaller
-        seconds = 0.0
+        seconds = {"numpy": 0.0, "ours": 0.0}
         for comp in components:
-            rng = np.random.RandomState(SEED)
-            ids = np.arange(comp["documents"], dtype=np.int32)
-            epochs = comp["epochs"]
-            doc_parts = [epochs - 1, 1] if comp["separate"] and epochs > 1 else [epochs]
-            arrays = []
-            for part in doc_parts:
-                array = np.tile(ids, part)
-                start = time.perf_counter()
-                rng.shuffle(array)
-                seconds += time.perf_counter() - start
-                arrays.append(array)
-            bounds = [0, comp["first_shuffle"], comp["built"]]
-            for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
-                if hi > lo:
-                    array = np.arange(lo, hi, dtype=np.uint32)
+            for way, shuffle in (("numpy", lambda rng, a: rng.shuffle(a)),
+                                 ("ours", gpt_samples.shuffle)):
+                rng = np.random.RandomState(SEED)
+                ids = np.arange(comp["documents"], dtype=np.int32)
+                epochs = comp["epochs"]
+                doc_parts = [epochs - 1, 1] if comp["separate"] and epochs > 1 else [epochs]
+                arrays = []
+                for part in doc_parts:
+                    array = np.tile(ids, part)
                     start = time.perf_counter()
-                    rng.shuffle(array)
-                    seconds += time.perf_counter() - start
+                    shuffle(rng, array)
+                    seconds[way] += time.perf_counter() - start
                     arrays.append(array)
-            del arrays
-        out[case] = {"seconds": seconds, "peak_above": maxrss_bytes() - rss_before}
+                bounds = [0, comp["first_shuffle"], comp["built"]]
+                for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+                    if hi > lo:
+                        array = np.arange(lo, hi, dtype=np.uint32)
+                        start = time.perf_counter()
+                        shuffle(rng, array)
+                        seconds[way] += time.perf_counter() - start
+                        arrays.append(array)
+                del arrays
+        out[case] = {"seconds": seconds["ours"], "numpy_seconds": seconds["numpy"],
+                     "peak_above": maxrss_bytes() - rss_before}
     return out
 
 
@@ -355,12 +374,282 @@ def child_access(cfg: dict) -> dict:
         checked = {"samples": len(check), "equal": all(
             np.array_equal(ours[i], theirs._query_document_sample_shuffle_indices(i)[0])
             for i in check)}
+    batched = batched_reads(ours, cfg) if cfg.get("batch_samples") else None
     return {"rates": results, "warm": warm, "samples": len(picks), "checked": checked,
-            "dataset_samples": len(ours)}
+            "dataset_samples": len(ours), "batched": batched}
+
+
+# ------------------------------------------------------------ batched reads (get_batch)
+
+BATCH_SIZES = "1,8,32,128"
+
+
+def _copy_starts(component, own: np.ndarray) -> np.ndarray:
+    """Where samples ``own`` of one dataset's split start in its ``.bin`` (token numbers),
+    moved back where fewer than L + 1 tokens follow: the plain copy's source offsets."""
+    index, dataset = component.index, component.dataset
+    rows = np.asarray(index.sample_index[np.asarray(index.shuffle_index[own], dtype=np.int64)])
+    docs = np.asarray(index.document_index[rows[:, 0]], dtype=np.int64)
+    itemsize = dataset.dtype.itemsize
+    starts = np.asarray(dataset.sequence_pointers[docs]) // itemsize + rows[:, 1]
+    return np.minimum(starts, dataset.bin_path.stat().st_size // itemsize - (SEQ_LENGTH + 1))
+
+
+def _batched_case(ds, ids: np.ndarray, sizes: list[int], rounds: int) -> dict:
+    """Samples/s of ``ds[i]`` one by one, ``ds.get_batch`` in micro-batches of each size
+    (lists of ids, as the loader's sampler hands them over) and the plain-copy limit, every
+    contestant once per round after one untimed round (so every mapping's page tables are
+    filled: steady state, as in a long run), the order reversed every other round."""
+    components = getattr(ds, "datasets", [ds])
+    if hasattr(ds, "datasets"):
+        which = np.asarray(ds.dataset_index[ids], dtype=np.int64)
+        own = np.asarray(ds.dataset_sample_index[ids], dtype=np.int64)
+    else:
+        which, own = np.zeros(len(ids), dtype=np.int64), ids
+    starts = np.empty(len(ids), dtype=np.int64)
+    for number, component in enumerate(components):
+        mine = which == number
+        starts[mine] = _copy_starts(component, own[mine])
+    maps = [np.memmap(c.dataset.bin_path, c.dataset.dtype, "r").view(np.ndarray)
+            for c in components]
+    sources = [maps[k] for k in which.tolist()]  # each sample's token file
+    starts_list, picks = starts.tolist(), ids.tolist()
+    width = SEQ_LENGTH + 1
+
+    def limit():
+        buf = np.empty(width, dtype=np.int64)
+        for tokens, s in zip(sources, starts_list, strict=True):
+            buf[:] = tokens[s : s + width]
+
+    def one_by_one():
+        for i in picks:
+            ds[i]
+
+    def batched(size):
+        batches = [picks[s : s + size] for s in range(0, len(picks), size)]
+
+        def run():
+            for batch in batches:
+                ds.get_batch(batch)
+        return run
+
+    def window_copy(size=32):
+        """The limit's copies without Python: a compiled loop copies each sample's L + 1
+        tokens from its start into a batch of ``size`` in the file's dtype (the memory's
+        floor for one contiguous window per sample; get_batch copies ~5 runs per sample)."""
+        import numba
+
+        @numba.njit(nogil=True, boundscheck=False)
+        def copy_windows(tokens, starts, batch):
+            for r in range(starts.shape[0]):
+                batch[r, :] = tokens[starts[r] : starts[r] + batch.shape[1]]
+
+        groups = [(maps[0], starts[s : s + size]) for s in range(0, len(ids), size)]
+        batch = np.empty((size, width), dtype=maps[0].dtype)
+        copy_windows(groups[0][0], groups[0][1][:1], batch[:1])  # compile before the clock
+
+        def run():
+            for tokens, group_starts in groups:
+                copy_windows(tokens, group_starts, batch[: len(group_starts)])
+        return run
+
+    contestants = {"limit": limit, "ds[i]": one_by_one}
+    contestants.update({f"get_batch {size}": batched(size) for size in sizes})
+    if len(components) == 1:
+        contestants["window copy 32, compiled"] = window_copy()
+    check = picks[:2048]
+    equal = all(np.array_equal(ds.get_batch(check[s : s + 32]),
+                               np.stack([ds[i] for i in check[s : s + 32]]))
+                for s in range(0, len(check), 32))
+    runs = {name: {"wall": [], "cpu": [], "other": []} for name in contestants}
+    for round_no in range(rounds + 1):
+        names = list(contestants) if round_no % 2 else list(contestants)[::-1]
+        for name in names:
+            wall, cpu, busy = time.perf_counter(), time.process_time(), cpu_busy_seconds()
+            contestants[name]()
+            wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+            other = max(cpu_busy_seconds() - busy - cpu, 0.0) / wall
+            if round_no:  # round 0 fills the page tables
+                for key, value in (("wall", wall), ("cpu", cpu), ("other", other)):
+                    runs[name][key].append(value)
+    runs_per_sample = None  # document runs a sample spans (the pieces get_batch copies)
+    if len(components) == 1:
+        built = np.asarray(ds.index.shuffle_index[ids], dtype=np.int64)
+        positions = np.asarray(ds.index.sample_index[:, 0])
+        runs_per_sample = float(np.mean(positions[built + 1] - positions[built] + 1))
+    return {"samples": len(ids), "dataset_samples": len(ds), "datasets": len(components),
+            "equal": equal, "runs": runs, "runs_per_sample": runs_per_sample}
+
+
+def batched_reads(single, cfg: dict) -> dict:
+    """The batched-read rows: the single dataset's train split, and a blend of the blend
+    corpus's three datasets (weights as the blend build's, ``--batch-blend-samples``
+    samples, built into a folder of the single case's cache, which main() deletes)."""
+    from bloomline.dataprep import IndexRequest, build_sample_datasets
+
+    sizes = [int(v) for v in cfg["batch_sizes"].split(",")]
+    count = cfg["batch_samples"]
+    out = {"sizes": sizes, "rounds": cfg["batch_rounds"]}
+    ids = np.random.default_rng(7).integers(0, len(single), size=count)
+    out["single"] = _batched_case(single, ids, sizes, cfg["batch_rounds"])
+    if cfg.get("blend_corpus"):
+        request = IndexRequest(seq_length=SEQ_LENGTH, train_samples=cfg["batch_blend_samples"],
+                               valid_samples=None, test_samples=None, split="1,0,0",
+                               seed=SEED, weights=WEIGHTS)
+        blend = build_sample_datasets(cfg["blend_corpus"], request, cache_dir=Path(
+            cfg["ours_cache"]) / "batched-blend").splits["train"]
+        ids = np.random.default_rng(8).integers(0, len(blend), size=count)
+        out["blend"] = _batched_case(blend, ids, sizes, cfg["batch_rounds"])
+    return out
+
+
+def report_batched(accesses: list[dict]) -> bool:
+    """The batched-read table (medians over every round of every access child); True when
+    get_batch reaches half the plain-copy limit at the largest micro-batch in both cases."""
+    results = [a["batched"] for a in accesses if a.get("batched")]
+    if not results:
+        return True
+    sizes = results[0]["sizes"]
+    header = (f"{'batched reads (L=' + str(SEQ_LENGTH) + ')':<30} {'samples/s':>10} "
+              f"{'% of limit':>10} {'(cpu)':>6} {'other cores':>11}")
+    print()
+    print(header)
+    print("-" * len(header))
+    reached, targets = True, []
+    for case in ("single", "blend"):
+        cases = [r[case] for r in results if case in r]
+        if not cases:
+            continue
+        names = (["limit", "ds[i]"] + [f"get_batch {size}" for size in sizes]
+                 + [n for n in ["window copy 32, compiled"] if n in cases[0]["runs"]])
+
+        def joined(name, key, cases=cases):
+            return [v for c in cases for v in c["runs"][name][key]]
+
+        limit_wall, limit_cpu = joined("limit", "wall"), joined("limit", "cpu")
+        for name in names:
+            wall, cpu = joined(name, "wall"), joined(name, "cpu")
+            rate = cases[0]["samples"] / median(wall)
+            pct = ratio(limit_wall, wall) * 100  # rate / limit rate = limit s / our s
+            pct_cpu = ratio(limit_cpu, cpu) * 100
+            label = f"{case}: {name}"
+            print(f"{label:<30} {rate:>10,.0f} {pct:>9.0f}% {pct_cpu:>5.0f}% "
+                  f"{median(joined(name, 'other')):>11.2f}")
+        half = [size for size in sizes
+                if ratio(limit_wall, joined(f"get_batch {size}", "wall")) >= 0.5]
+        reached &= sizes[-1] in half
+        targets.append(f"{case} {', '.join(map(str, half)) or 'none'}")
+        first = cases[0]
+        spans = (f", {first['runs_per_sample']:.1f} document runs per sample"
+                 if first["runs_per_sample"] else "")
+        print(f"  {case}: {first['samples']:,} random samples of {first['dataset_samples']:,}"
+              f" ({first['datasets']} dataset{'s' if first['datasets'] > 1 else ''}{spans}); "
+              f"get_batch equal to stacked ds[i]: "
+              f"{'yes' if all(c['equal'] for c in cases) else 'NO'}")
+    rounds = sum(len(r["single"]["runs"]["limit"]["wall"]) for r in results)
+    print(f"medians over {rounds} rounds, each after an untimed round (steady state: every "
+          "mapping's page tables filled), the order reversed every other round. % of limit: "
+          "the median of per-round ratios to the plain copy of L + 1 tokens from each "
+          "sample's start into an int64 buffer (one Python-level copy per sample, no index "
+          "lookups); (cpu): the same ratio in this process's CPU seconds; other cores: cores "
+          "other processes kept busy meanwhile. get_batch N: micro-batches of N ids as lists, "
+          "tokens in the file's dtype (uint16). window copy 32, compiled: the limit's copies "
+          "by a compiled loop into batches of 32 in the file's dtype, the memory's floor for "
+          "one contiguous window per sample (a sample spans several document runs).")
+    print(f"target: get_batch at >= 50% of the plain-copy limit (wall): reached at "
+          f"micro-batches of {'; '.join(targets)}: {'PASS' if reached else 'FAIL'} at "
+          f"{sizes[-1]}")
+    return reached
+
+
+# ------------------------------------------------------------ blend indices alone (rows)
+
+BLEND_DATASETS = "3,10,30,100,500"
+
+
+def _blend_weights(num_datasets: int) -> np.ndarray:
+    """Weights in proportion to dataset sizes spread like real corpora (lognormal, sigma 1,
+    seeded by the count), normalized as megatron-core does."""
+    weights = np.random.default_rng(num_datasets).lognormal(0.0, 1.0, num_datasets)
+    return weights / weights.sum()
+
+
+def child_blend_rows(cfg: dict) -> dict:
+    """``build_blend_indices`` against megatron-core's ``helpers.build_blending_indices``
+    (into ``numpy.zeros`` arrays, as its BlendedDataset allocates them) for each dataset
+    count, the order alternating per round; both already loaded (first calls: blend_first)."""
+    from bloomline.dataprep.blending import SCAN_LIMIT, build_blend_indices
+
+    helpers = None
+    if cfg["with_mcore"]:
+        warnings.simplefilter("ignore")
+        from megatron.core.datasets import helpers_cpp as helpers
+    samples = cfg["samples"]
+    rows = []
+    for num in cfg["datasets"]:
+        weights = _blend_weights(num)
+        build_blend_indices(weights, 1000)  # JIT load, not timed here
+        groups = len(np.unique(weights))
+        kernel = "scan" if num <= SCAN_LIMIT and 2 * groups > num else "wake"
+        runs: dict[str, dict[str, list]] = {
+            b: {"wall": [], "cpu": [], "other": []} for b in ("ours", "megatron")}
+        identical = True
+        for round_no in range(cfg["repeats"]):
+            order = ["ours", "megatron"] if helpers is not None else ["ours"]
+            out = {}
+            for builder in order if round_no % 2 == 0 else order[::-1]:
+                wall, cpu, busy = time.perf_counter(), time.process_time(), cpu_busy_seconds()
+                if builder == "ours":
+                    out[builder] = build_blend_indices(weights, samples)
+                else:
+                    index = np.zeros(samples, dtype=np.int16)
+                    sample = np.zeros(samples, dtype=np.int64)
+                    helpers.build_blending_indices(index, sample, weights, num, samples, False)
+                    out[builder] = (index, sample)
+                wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+                other = max(cpu_busy_seconds() - busy - cpu, 0.0) / wall
+                for key, value in (("wall", wall), ("cpu", cpu), ("other", other)):
+                    runs[builder][key].append(value)
+            if helpers is not None:
+                identical &= all(np.array_equal(a, b) and a.dtype == b.dtype
+                                 for a, b in zip(out["ours"], out["megatron"], strict=True))
+            del out
+        rows.append({"datasets": num, "kernel": kernel, "groups": groups, "runs": runs,
+                     "identical": identical if helpers is not None else None})
+        print(f"{num} datasets done", flush=True)
+    return {"rows": rows}
+
+
+def child_blend_first(cfg: dict) -> dict:
+    """The first blend of a fresh process, as a user's first ``build-index`` meets it:
+    ours (numba's import, then each kernel compiled, or loaded from numba's cache) and
+    megatron-core's (the import of its compiled helpers, then the call)."""
+    # numba's cache in a folder of the bench's own: empty for the first run (a compile), as
+    # the first run left it for the second (a cache load); read when numba is imported
+    os.environ["NUMBA_CACHE_DIR"] = cfg["numba_cache"]
+    from bloomline.dataprep.blending import build_blend_indices
+
+    out = {}
+    start = time.perf_counter()
+    build_blend_indices(_blend_weights(3), 1000)
+    out["ours_scan"] = time.perf_counter() - start
+    start = time.perf_counter()
+    build_blend_indices(_blend_weights(500), 1000)
+    out["ours_wake"] = time.perf_counter() - start
+    if cfg["with_mcore"]:
+        warnings.simplefilter("ignore")
+        start = time.perf_counter()
+        from megatron.core.datasets import helpers_cpp
+
+        index, sample = np.zeros(1000, dtype=np.int16), np.zeros(1000, dtype=np.int64)
+        helpers_cpp.build_blending_indices(index, sample, _blend_weights(3), 3, 1000, False)
+        out["megatron"] = time.perf_counter() - start
+    return out
 
 
 CHILDREN = {"generate": child_generate, "ours": child_ours, "megatron": child_megatron,
-            "floor": child_floor, "compare": child_compare, "access": child_access}
+            "floor": child_floor, "compare": child_compare, "access": child_access,
+            "blend_rows": child_blend_rows, "blend_first": child_blend_first}
 
 
 def run_child(kind: str, cfg: dict) -> dict:
@@ -413,6 +702,14 @@ def main() -> int:
     parser.add_argument("--blend-samples", type=float, default=1e8)
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--access-samples", type=int, default=200_000)
+    parser.add_argument("--batch-samples", type=int, default=100_000,
+                        help="batched reads: random samples per contestant and round (0: skip)")
+    parser.add_argument("--batch-sizes", default=BATCH_SIZES,
+                        help="batched reads: comma-separated micro-batch sizes")
+    parser.add_argument("--batch-rounds", type=int, default=3,
+                        help="batched reads: timed rounds per access run, medians reported")
+    parser.add_argument("--batch-blend-samples", type=int, default=1_000_000,
+                        help="batched reads: samples of the blend they read from")
     parser.add_argument("--repeats", type=int, default=2,
                         help="rounds over all measurements; medians are reported")
     parser.add_argument("--skip-megatron", action="store_true")
@@ -420,6 +717,15 @@ def main() -> int:
                         help="1e7 tokens, 2e4 documents, 1e6 blend samples, 20k accesses")
     parser.add_argument("--cache-dir", type=Path, default=Path(__file__).parent / ".cache")
     parser.add_argument("--json", action="store_true", help="also print the results as JSON")
+    parser.add_argument("--blend-rows-samples", type=float, default=1e7,
+                        help="blend indices alone: samples per blend (--quick: 1e6)")
+    parser.add_argument("--blend-rows-datasets", default=BLEND_DATASETS,
+                        help="blend indices alone: comma-separated dataset counts")
+    parser.add_argument("--blend-rows-repeats", type=int, default=5,
+                        help="blend indices alone: rounds, medians reported")
+    parser.add_argument("--blend-rows-only", action="store_true",
+                        help="only the blend-indices rows (no corpus, a few minutes)")
+    parser.add_argument("--skip-blend-rows", action="store_true")
     parser.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
     parser.add_argument("--child-config", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -427,12 +733,24 @@ def main() -> int:
         result = CHILDREN[args.child](json.loads(args.child_config))
         print("RESULT " + json.dumps(result), flush=True)
         return 0
+    versions = []
+    if importlib.util.find_spec("megatron") is not None:
+        from importlib.metadata import PackageNotFoundError, version
+        try:
+            versions.append(f"megatron-core {version('megatron-core')}")
+        except PackageNotFoundError:
+            pass
+    print(header_line(*versions), flush=True)
+    print(load_average("before"), flush=True)
     if args.quick:
         args.tokens, args.docs, args.blend_samples = 1e7, 2e4, 1e6
         args.access_samples = min(args.access_samples, 20_000)
+        args.batch_samples = min(args.batch_samples, 20_000)
 
     with_mcore = not args.skip_megatron and importlib.util.find_spec("megatron") is not None \
         and importlib.util.find_spec("megatron.core") is not None
+    if args.blend_rows_only:
+        return report_blend_rows(args, with_mcore)
     root = args.cache_dir / f"build_index_{args.tokens:g}t_{args.docs:g}d"
     root.mkdir(parents=True, exist_ok=True)
     stats = run_child("generate", {"root": str(root), "tokens": int(args.tokens),
@@ -472,21 +790,29 @@ def main() -> int:
                         "corpus": cfg["corpus"], "samples": single_samples,
                         "ours_cache": str(caches["ours"]),
                         "mcore_cache": str(caches["megatron"]) if with_mcore else None,
-                        "access_samples": args.access_samples}))
+                        "access_samples": args.access_samples,
+                        "blend_corpus": cases["blend"]["corpus"],
+                        "batch_samples": args.batch_samples, "batch_sizes": args.batch_sizes,
+                        "batch_rounds": args.batch_rounds,
+                        "batch_blend_samples": args.batch_blend_samples}))
                 for path in caches.values():
                     shutil.rmtree(path, ignore_errors=True)
-            print(f"round {round_no}/{args.repeats}: floor (the RandomState shuffles) ...",
+            print(f"round {round_no}/{args.repeats}: floor (the shuffles) ...",
                   flush=True)
             floors.append(run_child("floor", {"cases": {
                 case: floor_components(res[case]["ours"][-1]) for case in cases}}))
     finally:
         shutil.rmtree(runs, ignore_errors=True)
-    return report(args, stats, cases, res, floors, accesses, compares, with_mcore)
+    code = report(args, stats, cases, res, floors, accesses, compares, with_mcore)
+    if not args.skip_blend_rows:
+        code = max(code, report_blend_rows(args, with_mcore))
+    return code
 
 
 def report(args, stats, cases, res, floors, accesses, compares, with_mcore) -> int:
     mb = 1 / 2**20
-    print(f"\ncorpus {args.cache_dir / f'build_index_{args.tokens:g}t_{args.docs:g}d'} "
+    corpus = relative(args.cache_dir / f"build_index_{args.tokens:g}t_{args.docs:g}d")
+    print(f"\ncorpus {corpus} "
           f"(uint16 tokens, lognormal document lengths, sigma {SIGMA_DOC}); "
           f"os.cpu_count() = {os.cpu_count()}")
     for name, s in stats.items():
@@ -526,8 +852,9 @@ def report(args, stats, cases, res, floors, accesses, compares, with_mcore) -> i
         rows.append((f"{title}, peak MiB", median(mem), median(mc_mem), mem_gain,
                      median(floor_mem), ratio(mem, floor_mem)))
         if with_mcore:
-            targets.append(f"target: {title} faster than megatron-core: {gain:.2f}x "
-                           f"{'PASS' if gain > 1 else 'FAIL'}; no more memory: "
+            target = 1.3 if case == "single" else 1.0  # issue 20: the single build >= 1.3x
+            targets.append(f"target: {title} >= {target:g}x megatron-core's speed: "
+                           f"{gain:.2f}x {'PASS' if gain >= target else 'FAIL'}; no more memory: "
                            f"{median(mem):,.0f} vs {median(mc_mem):,.0f} MiB "
                            f"{'PASS' if median(mem) <= median(mc_mem) else 'FAIL'}")
     rates = {k: [a["rates"][k] for a in accesses] for k in accesses[0]["rates"]}
@@ -554,10 +881,17 @@ def report(args, stats, cases, res, floors, accesses, compares, with_mcore) -> i
     print(f"median of {args.repeats} rounds (ours and megatron-core alternate going first). "
           "gain: megatron-core / ours for s and MiB, ours / megatron-core for samples/s, the "
           "median of per-round ratios; > 1 = ours better. peak MiB: ru_maxrss after the build "
-          "minus the RSS just before it. floor, s: the RandomState.shuffle calls of the "
-          "document and shuffle indices alone; floor, MiB: the peak of holding those arrays, "
+          "minus the RSS just before it. floor, s: the shuffles of the document and shuffle "
+          "indices alone, ours (compiled, the same permutations as RandomState.shuffle; "
+          "numba's import and kernel load apart); floor, MiB: the peak of holding those arrays, "
           "one dataset at a time. limit, samples/s: copying L+1 tokens from each sample's "
           "start in the memory-mapped .bin into a preallocated int64 buffer.")
+    numpy_floor = ", ".join(f"{case} {median([f[case]['numpy_seconds'] for f in floors]):.2f} s"
+                            for case in cases)
+    print(f"the same shuffles by numpy's RandomState.shuffle (megatron-core's): {numpy_floor}; "
+          f"numba's import and kernel load before ours: "
+          f"{median([f['compiled_load'] for f in floors]):.2f} s (paid by every build process "
+          "that shuffles >= 1M entries, inside ours, s)")
     base = f"ours {median([r['rss_before'] * mb for c in cases for r in res[c]['ours']]):,.0f}"
     if with_mcore:
         base += (", megatron-core "
@@ -572,6 +906,7 @@ def report(args, stats, cases, res, floors, accesses, compares, with_mcore) -> i
           f"{warm['bytes'] / 1e9:.2f} GB at {warm['bytes'] / warm['seconds'] / 1e9:.1f} GB/s); "
           f"the limit moves {median(rates['memcpy']) * (SEQ_LENGTH + 1) * 2 / 1e9:.2f} GB/s "
           "of uint16 tokens")
+    report_batched(accesses)
     problems = []
     for case in cases:
         for r in res[case]["ours"] + res[case]["megatron"]:
@@ -606,6 +941,66 @@ def report(args, stats, cases, res, floors, accesses, compares, with_mcore) -> i
         print(json.dumps({"stats": stats, "builds": res, "floors": floors, "access": accesses,
                           "compare": compares, "rows": rows}, indent=1))
     return 1 if any("differ" in p for p in problems) else 0
+
+
+def report_blend_rows(args, with_mcore) -> int:
+    """Blend indices alone, ours against megatron-core's helper, per dataset count; and the
+    first call of a fresh process. Returns 1 if an index differs."""
+    samples = int(1e6 if args.quick else args.blend_rows_samples)
+    counts = [int(v) for v in args.blend_rows_datasets.split(",")]
+    print("blend rows: first calls in fresh processes ...", flush=True)
+    numba_cache = fresh_dir(args.cache_dir / "blend_rows_numba_cache")
+    try:
+        cold, warm = (run_child("blend_first", {"numba_cache": str(numba_cache),
+                                                "with_mcore": with_mcore}) for _ in range(2))
+    finally:
+        shutil.rmtree(numba_cache, ignore_errors=True)
+    print(f"blend rows: {samples:,} samples, {args.blend_rows_repeats} rounds ...", flush=True)
+    rows = run_child("blend_rows", {"samples": samples, "datasets": counts,
+                                    "repeats": args.blend_rows_repeats,
+                                    "with_mcore": with_mcore})["rows"]
+    header = (f"{'blend indices, datasets':<24} {'kernel':>6} {'megatron-core s':>15} "
+              f"{'ours s':>8} {'ours/mcore':>10} {'(cpu)':>6} {'other cores':>11} "
+              f"{'identical':>9}")
+    print()
+    print(header)
+    print("-" * len(header))
+    passed, differ = True, False
+    for row in rows:
+        ours, theirs = row["runs"]["ours"], row["runs"]["megatron"]
+        wall = ratio(ours["wall"], theirs["wall"]) if theirs["wall"] else None
+        cpu = ratio(ours["cpu"], theirs["cpu"]) if theirs["cpu"] else None
+        other = median(ours["other"] + theirs["other"])
+        passed &= wall is not None and wall <= 1
+        differ |= row["identical"] is False
+        same = {True: "yes", False: "NO", None: "-"}[row["identical"]]
+        print(f"{row['datasets']:<24} {row['kernel']:>6} "
+              f"{median(theirs['wall']) or float('nan'):>15.3f} {median(ours['wall']):>8.3f} "
+              f"{wall or float('nan'):>9.2f}x {cpu or float('nan'):>5.2f}x "
+              f"{other:>11.2f} {same:>9}")
+    print(f"median of {args.blend_rows_repeats} rounds (ours and megatron-core alternate "
+          "going first); ours/mcore: the median of per-round ratios of wall seconds, (cpu): of "
+          "this process's CPU seconds; other cores: cores other processes kept busy meanwhile "
+          "(median). Weights lognormal(sigma 1), normalized; megatron-core's helper writes "
+          "into numpy.zeros arrays allocated in the timed span, as its BlendedDataset does; "
+          "ours allocates its own.")
+    first = (f"first call in a fresh process (not in the rows): ours, numba's import + "
+             f"compiling the scan kernel {cold['ours_scan']:.2f} s, the wake kernel "
+             f"{cold['ours_wake']:.2f} s; with numba's cache (every later process) "
+             f"{warm['ours_scan']:.2f} s + {warm['ours_wake']:.2f} s")
+    if with_mcore:
+        first += (f"; megatron-core, importing its helpers + the call: "
+                  f"{warm['megatron']:.2f} s")
+        print(first)
+        print(f"target: blend indices at most megatron-core's time at every dataset count: "
+              f"{'PASS' if passed else 'FAIL'}; identical: {'NO' if differ else 'yes'}")
+    else:
+        print(first)
+        print("megatron-core not measured (--skip-megatron, or not installed): ours only")
+    if args.json:
+        print(json.dumps({"blend_rows": rows, "blend_first": {"cold": cold, "warm": warm}},
+                         indent=1))
+    return 1 if differ else 0
 
 
 if __name__ == "__main__":

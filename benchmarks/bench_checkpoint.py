@@ -37,13 +37,10 @@ Run: ``make bench-checkpoint`` or ``.venv/bin/python benchmarks/bench_checkpoint
 from __future__ import annotations
 
 import argparse
-import datetime
 import hashlib
 import os
-import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -52,10 +49,10 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))
 
-from bench_train import OtherLoad, machine_report  # noqa: E402
+from bench_train import machine_report  # noqa: E402
+from machine import REPO, OtherLoad, header_line  # noqa: E402
 
 from bloomline.trainer.checkpoint import save_checkpoint, saved_state_dict  # noqa: E402
 from bloomline.trainer.checkpoint_async import AsyncCheckpointer  # noqa: E402
@@ -68,24 +65,6 @@ SHAPES = {"default": dict(vocab_size=32768, hidden_size=1024, num_layers=8, num_
           "quick": dict(vocab_size=8192, hidden_size=512, num_layers=4, num_heads=8)}
 MBS, SEQ = 2, 128
 CHUNK = 8 << 20
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
-
-
-def git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, text=True,
-                              capture_output=True, timeout=10).stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
 
 
 def build_state(shape: dict) -> tuple[torch.nn.Module, torch.optim.Optimizer, ModelConfig]:
@@ -284,7 +263,7 @@ def main() -> int:
         args.rounds = 1
     warnings.filterwarnings("ignore")
     started = time.perf_counter()
-    printed = [machine_report()]  # the result file repeats what the run printed
+    printed = [machine_report(header=False)]  # the result file repeats what the run printed
     print(printed[0], flush=True)
     model, optimizer, model_cfg = build_state(SHAPES["quick" if args.quick else "default"])
     config = Config()
@@ -309,11 +288,7 @@ def main() -> int:
                            f"{r['step_during']:.2f} s during a save ({r['steps_during']}); "
                            f"other processes {r['other_cores']:.2f} cores")
             print(printed[-1], flush=True)
-    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    header = (f"$ .venv/bin/python benchmarks/bench_checkpoint.py"
-              f"{' --quick' if args.quick else ''}   # {now}, at commit {git_commit()}, "
-              f"{os.cpu_count()} vCPUs {cpu_model()}, torch {torch.__version__}; run took "
-              f"{time.perf_counter() - started:.0f} s")
+    header = header_line(f"torch {torch.__version__}", started=started)
     text = report(rounds, model_cfg.num_parameters(), sha_rate, "\n".join([header, *printed]))
     print(text)
     if args.out:

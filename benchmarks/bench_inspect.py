@@ -39,6 +39,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_build_index import SINGLE, VOCAB, child_generate  # noqa: E402  (the generator)
+from machine import header_line, relative  # noqa: E402
 
 from bloomline.tools.summary import summarize  # noqa: E402
 from bloomline.tools.verify import verify_corpus  # noqa: E402
@@ -73,7 +74,8 @@ def cli(*args: str) -> None:
                                                      "inspect-data"]
     proc = subprocess.run(command + list(args), capture_output=True, text=True)
     if proc.returncode != 0:
-        raise SystemExit(f"inspect-data {' '.join(args)} failed: {proc.stderr.strip()}")
+        shown = " ".join(relative(a) if os.path.isabs(a) else a for a in args)
+        raise SystemExit(f"inspect-data {shown} failed: {proc.stderr.strip()}")
 
 
 def measure(fn) -> float:
@@ -91,11 +93,12 @@ def main() -> int:
     parser.add_argument("--cache-dir", type=Path, default=Path(__file__).parent / ".cache")
     parser.add_argument("--json", action="store_true", help="also print the results as JSON")
     args = parser.parse_args()
+    print(header_line(), flush=True)
 
     root = args.cache_dir / f"build_index_{args.tokens:g}t_{args.docs:g}d"
     prefix = root / "single" / SINGLE
     if not prefix.with_suffix(".idx").exists():
-        print(f"generating {root} (bench_build_index's corpus) ...", flush=True)
+        print(f"generating {relative(root)} (bench_build_index's corpus) ...", flush=True)
         child_generate({"root": str(root), "tokens": int(args.tokens),
                         "docs": int(args.docs)})
     paths = [prefix.with_suffix(".bin"), prefix.with_suffix(".idx")]
@@ -111,7 +114,7 @@ def main() -> int:
     # a sanity check of what is being timed: the figures the commands report
     result = summarize(prefix)
     row = result["datasets"][SINGLE]
-    print(f"corpus {prefix}: {row['documents']:,} documents, {row['tokens']:,} tokens "
+    print(f"corpus {relative(prefix)}: {row['documents']:,} documents, {row['tokens']:,} tokens "
           f"({row['dtype']}), largest id {row['largest_token_id']}, .bin + .idx = "
           f"{nbytes / 1e9:.2f} GB; {os.cpu_count()} cores", flush=True)
 

@@ -101,8 +101,9 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "packages" / "trainer" / "tests"))  # the distributed harness
 
-from bench_train import OtherLoad, machine_report  # noqa: E402
+from bench_train import machine_report  # noqa: E402
 from distributed import run_distributed  # noqa: E402
+from machine import OtherLoad, load_average  # noqa: E402
 
 # (1) and (3): the GPT of the ZeRO runs
 VOCAB, HIDDEN, LAYERS, HEADS, SEQ, MBS = 2048, 256, 4, 8, 64, 4
@@ -718,7 +719,7 @@ def main() -> int:
     parts = set(args.parts.split(","))
     warnings.filterwarnings("ignore")
     os.environ.setdefault("PYTHONWARNINGS", "ignore")  # the spawned ranks too
-    print(machine_report(), flush=True)
+    print(machine_report("gloo"), flush=True)
     targets: list[str] = []
     notes: list[str] = []
     others = []
@@ -737,8 +738,7 @@ def main() -> int:
         print(f"warning: other processes took up to {max(others):.2f} cores during a part: the "
               "matmul bubbles and step times are noisier than usual (the byte counts and the "
               "wait bubbles are not affected); rerun when idle")
-    print(f"load average (1, 5, 15 min) after the run: "
-          f"{', '.join(f'{v:.2f}' for v in os.getloadavg())}")
+    print(load_average("after"))
     for line in targets:
         print(line)
     return 0

@@ -21,10 +21,12 @@ import shutil
 import sys
 import tempfile
 import time
+from importlib.metadata import version
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_tokenize import build_corpus  # noqa: E402  (the same cached corpus)
+from machine import header_line, relative  # noqa: E402
 
 from bloomline.dataprep.documents import extract_documents  # noqa: E402
 from bloomline.dataprep.sources import expand_inputs, iter_chunks  # noqa: E402
@@ -69,6 +71,8 @@ def main() -> None:
     parser.add_argument("--size-mb", type=float, default=200)
     parser.add_argument("--cache-dir", type=Path, default=Path(__file__).parent / ".cache")
     args = parser.parse_args()
+    print(header_line(f"datasets {version('datasets')}, pyarrow {version('pyarrow')}"),
+          flush=True)
     args.cache_dir.mkdir(parents=True, exist_ok=True)
     jsonl = args.cache_dir / f"bench_{args.size_mb:g}mb.jsonl"
     if not jsonl.exists():
@@ -90,7 +94,7 @@ def main() -> None:
         secs, count_hf = _timed(_datasets, path, builder)
         rows.append((f"{path.suffix[1:]}: datasets.load_dataset", secs, size / secs / 1e6,
                      count_hf))
-        assert count == count_hf, f"{path}: {count} documents vs datasets' {count_hf}"
+        assert count == count_hf, f"{relative(path)}: {count} documents vs datasets' {count_hf}"
     base = {name.split(":")[0]: secs for name, secs, _, _ in rows if "datasets" in name}
     print(f"{'reader':38s} {'s':>7s} {'file MB/s':>10s} {'docs':>9s} {'vs datasets':>12s}")
     for name, secs, mbps, count in rows:

@@ -53,7 +53,6 @@ Corpus and tokenizers are cached in ``--cache-dir`` and reused on later runs. Wr
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import sys
@@ -67,15 +66,12 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from machine import REPO, OtherLoad, header_line, load_average, relative  # noqa: E402
 from tokenize_contestants import (  # noqa: E402
-    REPO,
     ConcurrentLimit,
-    OtherLoad,
     build_corpus,
-    cpu_model,
     datasets_map,
     encode_all,
-    git_commit,
     limit_encoder,
     load_batches,
     load_hf_dataset,
@@ -336,7 +332,7 @@ def main() -> int:
     cache.mkdir(parents=True, exist_ok=True)
     # The thread-pool row's size; set before the library's pool starts (training starts it).
     os.environ["RAYON_NUM_THREADS"] = str(max(a.workers))
-    load_before = ", ".join(f"{v:.2f}" for v in os.getloadavg())
+    load_before = load_average("before")
 
     # The size is in the name, so a corpus of another size is generated beside, not reused.
     corpus = cache / f"bench_{a.size_mb:g}mb.jsonl"
@@ -374,7 +370,7 @@ def main() -> int:
         print(line)
         lines.append(line)
 
-    out(f"corpus {corpus.name} (in {os.path.relpath(cache, REPO)}): {stats['documents']:,} "
+    out(f"corpus {corpus.name} (in {relative(cache)}): {stats['documents']:,} "
         f"documents ({stats['non_ascii']:,} non-ASCII), {bytes_[1] / 1e6:.1f} MB jsonl, "
         f"{bytes_[0] / 1e6:.1f} MB of text (avg {bytes_[0] / stats['documents']:,.0f} B/doc, "
         f"longest {stats['longest']:,} B); {a.repeats} rounds; batches: {len(batches)} (the "
@@ -415,15 +411,10 @@ def main() -> int:
                            if not problems else "FAILED: " + "; ".join(problems)))
     results = targets(a, by_kind, out)
 
-    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    argv = [os.path.relpath(x, REPO) if os.path.isabs(x) else x for x in sys.argv[1:]]
-    header = (f"$ .venv/bin/python benchmarks/bench_tokenize.py {' '.join(argv)}".rstrip()
-              + f"   # {now}, at commit {git_commit()}, {os.cpu_count()} vCPUs "
-              f"{cpu_model()}; tokenizers {version('tokenizers')}, sentencepiece "
-              f"{version('sentencepiece')}, datasets {version('datasets')}; run took "
-              f"{time.perf_counter() - started:.0f} s\n"
-              f"load average (1, 5, 15 min) before the run: {load_before}; os.cpu_count() = "
-              f"{os.cpu_count()}\n")
+    header = (header_line(f"tokenizers {version('tokenizers')}, sentencepiece "
+                          f"{version('sentencepiece')}, datasets {version('datasets')}",
+                          started=started)
+              + f"\n{load_before}; os.cpu_count() = {os.cpu_count()}\n")
     if a.out:
         path = REPO / a.out
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -72,7 +72,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import json
 import mmap
 import os
@@ -94,15 +93,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from tokenize_contestants import (  # noqa: E402
-    REPO,
-    ConcurrentLimit,
-    OtherLoad,
-    build_corpus,
-    cpu_model,
-    git_commit,
-    same_files,
-)
+from machine import REPO, OtherLoad, header_line, load_average, relative  # noqa: E402
+from tokenize_contestants import ConcurrentLimit, build_corpus, same_files  # noqa: E402
 
 from bloomline.dataprep.indexed_dataset import (  # noqa: E402
     IndexedDataset,
@@ -585,7 +577,7 @@ def main() -> int:
                         help="result file, relative to the repository ('' : none)")
     a = parser.parse_args()
     started = time.perf_counter()
-    load_before = ", ".join(f"{v:.2f}" for v in os.getloadavg())
+    load_before = load_average("before")
 
     # Before Ray is imported: every Ray process of this run (the cluster, "local" instances,
     # their workers) and this driver share a token of this run's own (nothing read from or
@@ -747,7 +739,7 @@ def main() -> int:
         return med([x / y for x, y in zip(getattr(S[num], what), getattr(S[den], what),
                                           strict=True)])
 
-    out(f"corpus {corpus.name} (in {os.path.relpath(cache, REPO)}): {stats['documents']:,} "
+    out(f"corpus {corpus.name} (in {relative(cache)}): {stats['documents']:,} "
         f"documents, {jsonl_bytes / 1e6:.1f} MB jsonl, {text_bytes / 1e6:.1f} MB of text; "
         f"tokenizer {folder.name}/tokenizer.json; {len(counts)} chunks at --workers 2 "
         f"(default --chunk-mb {DEFAULT_CHUNK_BYTES / 2**20:g}); {a.repeats} rounds")
@@ -985,14 +977,9 @@ def main() -> int:
         f"second; loading the tokenizer ({unpickle * 1e3:.0f} ms) once per worker process and "
         f"job is {unpickle / chunk_core_s * 100:.1f}% of one chunk's work")
 
-    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    argv = [os.path.relpath(x, REPO) if os.path.isabs(x) else x for x in sys.argv[1:]]
-    header = (f"$ .venv/bin/python benchmarks/bench_tokenize_cluster.py {' '.join(argv)}".rstrip()
-              + f"   # {now}, at commit {git_commit()}, {os.cpu_count()} vCPUs {cpu_model()}; "
-              f"ray {version('ray')}, tokenizers {version('tokenizers')}; run took "
-              f"{time.perf_counter() - started:.0f} s\n"
-              f"load average (1, 5, 15 min) before the run: {load_before}; os.cpu_count() = "
-              f"{os.cpu_count()}\n")
+    header = (header_line(f"ray {version('ray')}, tokenizers {version('tokenizers')}",
+                          started=started)
+              + f"\n{load_before}; os.cpu_count() = {os.cpu_count()}\n")
     shutil.rmtree(work, ignore_errors=True)
     if a.out:
         path = REPO / a.out

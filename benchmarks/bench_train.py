@@ -78,9 +78,11 @@ import tempfile
 import time
 import warnings
 from collections.abc import Callable
+from importlib.metadata import version
 from pathlib import Path
 
 import torch
+from machine import OtherLoad, header_line, load_average, relative
 
 from bloomline.trainer.config import Config
 from bloomline.trainer.data import MegatronSampler, make_loader, open_splits
@@ -107,36 +109,14 @@ TUNE_MALLOC = [True]  # --default-malloc clears it before any contestant is buil
 # ----------------------------------------------------------------------------- machine
 
 
-def _cpu_busy_seconds() -> float:
-    """CPU seconds all processes have used so far (user, nice, system, irq, softirq, steal)."""
-    with open("/proc/stat") as fh:
-        fields = [int(v) for v in fh.readline().split()[1:]]
-    return sum(fields[i] for i in (0, 1, 2, 5, 6, 7)) / os.sysconf("SC_CLK_TCK")
-
-
-def _self_seconds() -> float:
-    times = os.times()
-    return times.user + times.system + times.children_user + times.children_system
-
-
-class OtherLoad:
-    """Cores other processes kept busy between start() and cores()."""
-
-    def start(self) -> OtherLoad:
-        self.wall, self.busy, self.own = time.perf_counter(), _cpu_busy_seconds(), _self_seconds()
-        return self
-
-    def cores(self) -> float:
-        wall = time.perf_counter() - self.wall
-        other = (_cpu_busy_seconds() - self.busy) - (_self_seconds() - self.own)
-        return max(other, 0.0) / max(wall, 1e-9)
-
-
-def machine_report() -> str:
-    load = ", ".join(f"{v:.2f}" for v in os.getloadavg())
-    lines = [f"load average (1, 5, 15 min) before the run: {load}; os.cpu_count() = "
-             f"{os.cpu_count()}, torch threads = {torch.get_num_threads()}, "
-             f"CPU capability {torch.backends.cpu.get_cpu_capability()}"]
+def machine_report(*extras: str, header: bool = True) -> str:
+    """The result header (``machine.header_line``: command, date, commit, CPU model, then
+    torch's version and ``extras``; left out with ``header=False``, for a caller that writes
+    its own), the load before the run and the busiest other processes."""
+    lines = [header_line(f"torch {torch.__version__}", *extras)] if header else []
+    lines.append(f"{load_average('before')}; os.cpu_count() = {os.cpu_count()}, torch threads "
+                 f"= {torch.get_num_threads()}, CPU capability "
+                 f"{torch.backends.cpu.get_cpu_capability()}")
     try:
         top = subprocess.run(["top", "-bn1", "-w", "120"], capture_output=True, text=True,
                              timeout=10).stdout.splitlines()
@@ -345,7 +325,7 @@ def ensure_corpus(corpus: Path) -> None:
         return
     demo = corpus.parent
     dataprep = str(Path(sys.executable).with_name("dataprep"))
-    print(f"{corpus} has no token files: building the demo corpus ...", flush=True)
+    print(f"{relative(corpus)} has no token files: building the demo corpus ...", flush=True)
     for cmd in ([dataprep, "demo-corpus", str(demo / "raw"), "--overwrite"],
                 [dataprep, "train-tokenizer", str(demo / "raw"), "--vocab-size", "8000",
                  "--output", str(demo / "tokenizer" / "demo"), "--overwrite"],
@@ -512,8 +492,7 @@ def report(args, results: dict, optim: dict, loader: dict | None,
     if busy > 0.25:
         print(f"warning: other processes took up to {busy:.2f} cores during a round: the "
               "absolute rates are low and the ratios noisier than usual; rerun when idle")
-    print(f"load average (1, 5, 15 min) after the run: "
-          f"{', '.join(f'{v:.2f}' for v in os.getloadavg())}")
+    print(load_average("after"))
     for precision, reason in (skipped or {}).items():
         targets.insert(0, f"target: ours/{HF} >= 1.2x in {precision}: not measured ({reason})")
     for line in targets:
@@ -557,7 +536,7 @@ def main() -> int:
     TUNE_MALLOC[0] = args.tune_malloc
     if args.tune_malloc:
         tune_malloc()  # process-wide: every contestant runs with it
-    print(machine_report(), flush=True)
+    print(machine_report(*([f"{HF} {version(HF)}"] if args.with_hf else [])), flush=True)
     threshold = "1 GiB (bloomline.trainer.host)" if args.tune_malloc else "glibc's default"
     print(f"malloc mmap threshold: {threshold}", flush=True)
     generator = torch.Generator().manual_seed(SEED)

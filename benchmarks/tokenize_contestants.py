@@ -9,8 +9,9 @@
   fastest; ``"library-main-thread"``: the same on the calling thread);
   :class:`ConcurrentLimit`: the same in w processes at once;
 - :func:`naive_loop`: Megatron-style one document at a time (SentencePiece);
-- :func:`datasets_map`: ``datasets.Dataset.map(batched=True)`` with a ``tokenizers.Tokenizer``;
-- :class:`OtherLoad` and the machine description for the result file.
+- :func:`datasets_map`: ``datasets.Dataset.map(batched=True)`` with a ``tokenizers.Tokenizer``.
+
+The machine (result header, other processes' load) is ``machine.py``'s.
 """
 
 from __future__ import annotations
@@ -21,9 +22,7 @@ import multiprocessing
 import os
 import re
 import shutil
-import subprocess
 import tempfile
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -34,8 +33,6 @@ from bloomline.dataprep.demo_corpus import iter_stdlib_documents
 from bloomline.dataprep.indexed_dataset import write_index
 from bloomline.dataprep.sources import expand_inputs, iter_chunks
 from bloomline.dataprep.tokenizer import Tokenizer, load_tokenizer
-
-REPO = Path(__file__).resolve().parents[1]
 
 # Sentences outside the tokenizer's usual alphabet: rare enough in the corpus that many of
 # their characters go through SentencePiece's byte-fallback path.
@@ -241,69 +238,3 @@ def datasets_map(dataset, tokenizer, num_proc: int, scratch: Path) -> int:
 
 def same_files(a: Path, b: Path) -> bool:
     return all(filecmp.cmp(f"{a}{s}", f"{b}{s}", shallow=False) for s in (".bin", ".idx"))
-
-
-# ----------------------------------------------------------------------------- machine
-
-
-def _cpu_busy_seconds() -> float:
-    """CPU seconds all processes have used so far (user, nice, system, irq, softirq, steal)."""
-    with open("/proc/stat") as fh:
-        fields = [int(v) for v in fh.readline().split()[1:]]
-    return sum(fields[i] for i in (0, 1, 2, 5, 6, 7)) / os.sysconf("SC_CLK_TCK")
-
-
-class OtherLoad:
-    """CPU seconds this benchmark used, and cores that other processes kept busy, between
-    start() and cores() / own_cpu().
-
-    Ours: this process, its reaped children (pipeline and datasets workers, which their pools
-    join before returning) and the live limit processes, whose CPU time ``live_seconds``
-    reads.
-    """
-
-    def __init__(self, live_seconds: Callable[[], float]) -> None:
-        self.live_seconds = live_seconds
-
-    def _own(self) -> float:
-        t = os.times()
-        return t.user + t.system + t.children_user + t.children_system + self.live_seconds()
-
-    def start(self) -> OtherLoad:
-        self.wall, self.busy, self.own = time.perf_counter(), _cpu_busy_seconds(), self._own()
-        return self
-
-    def own_cpu(self) -> float:
-        """CPU seconds of our processes since start()."""
-        return self._own() - self.own
-
-    def cores(self) -> float:
-        """Cores other processes kept busy since start(), on average."""
-        wall = time.perf_counter() - self.wall
-        other = (_cpu_busy_seconds() - self.busy) - (self._own() - self.own)
-        return max(other, 0.0) / max(wall, 1e-9)
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
-
-
-def git_commit() -> str:
-    """``git rev-parse --short HEAD``, with ``+dirty`` when the tree differs from it.
-
-    ``--no-optional-locks``: status must not refresh (write) the index of a shared checkout.
-    """
-    def git(*args: str) -> str:
-        return subprocess.run(["git", "--no-optional-locks", *args], cwd=REPO, text=True,
-                              capture_output=True, timeout=30).stdout.strip()
-    try:
-        commit = git("rev-parse", "--short", "HEAD") or "unknown"
-        return commit + ("+dirty" if git("status", "--porcelain") else "")
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"

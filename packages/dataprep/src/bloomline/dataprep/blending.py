@@ -26,7 +26,11 @@ fused multiply-add), so every comparison and pick is identical:
 
 Why numba, measured (``make bench-build-index``, its blend rows: 10M samples, lognormal
 weights, median of 5 rounds, wall time ours / megatron-core's; one other core busy):
-3 datasets 0.34x, 10: 0.78x, 30: 0.87x, 100: 0.70x, 500: 0.24x, all identical. The numpy
+3 datasets 0.34x, 10: 0.78x, 30: 0.87x, 100: 0.70x, 500: 0.24x, all identical; on a quiet
+machine 0.36x, 1.08x, 0.66x, 0.61x, 0.19x. At 10 datasets this is parity, not a win: each
+step waits on the previous pick's count (~15 ns a step for both loops), and branchless
+variants of the pick (an index kept per chain: 1.4x the scan's time; the first holder of the
+maximum found without a branch: 1.7x) and the wake kernel (1.8x) were slower there. The numpy
 "lanes" this module had before (steps of ~1,000 blend lanes at once, verified by meeting)
 were 1.6x (3 datasets), 4.3x (10), 4.9x (30) and 2.3x (100) megatron-core's time: each step
 costs a dozen numpy calls over (lanes x datasets) temporaries, several passes of what the C++

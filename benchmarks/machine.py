@@ -1,0 +1,127 @@
+"""The machine a benchmark ran on, for its result header, and the load other processes put on it.
+
+A timing means little without the CPU it ran on and the code it ran, so every result file's
+first line names both: ``$ .venv/bin/python benchmarks/X.py ARGS   # DATE UTC, at commit C,
+N vCPUs MODEL; ...`` (:func:`header_line`). Result files are committed and read elsewhere,
+so nothing printed names an absolute path of this machine (:func:`relative`). Shared by the
+scripts of this folder (``from machine import ...``: a script's folder is on ``sys.path``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def cpu_model() -> str:
+    """The CPU's ``model name`` from ``/proc/cpuinfo`` (e.g. ``AMD EPYC 9R14``)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def git_commit() -> str:
+    """``git rev-parse --short HEAD``, with ``+dirty`` when the tree differs from it.
+
+    ``--no-optional-locks``: status must not refresh (write) the index of a shared checkout.
+    """
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "--no-optional-locks", *args], cwd=REPO, text=True,
+                              capture_output=True, timeout=30).stdout.strip()
+    try:
+        commit = git("rev-parse", "--short", "HEAD")
+        if not commit:
+            return "unknown"
+        return commit + ("+dirty" if git("status", "--porcelain") else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def relative(path: str | os.PathLike) -> str:
+    """``path`` relative to the repository when under it, else its name alone (a temporary
+    folder, say): never an absolute path of this machine."""
+    for candidate in (Path(os.path.abspath(path)), Path(path).resolve()):
+        if candidate.is_relative_to(REPO):
+            return str(candidate.relative_to(REPO))
+    return Path(path).name
+
+
+def command_line(argv: list[str] | None = None) -> str:
+    """``$ .venv/bin/python benchmarks/X.py ARGS``: how this run was started, absolute paths
+    among the arguments shown :func:`relative`."""
+    def shown(arg: str) -> str:
+        option, sep, value = arg.partition("=")
+        if sep and option.startswith("-") and os.path.isabs(value):
+            return f"{option}={relative(value)}"
+        return relative(arg) if os.path.isabs(arg) else arg
+    script, *args = sys.argv if argv is None else argv
+    return " ".join(["$ .venv/bin/python", relative(script), *map(shown, args)])
+
+
+def header_line(*extras: str, started: float | None = None) -> str:
+    """The first line of a result file: :func:`command_line`, then ``# DATE UTC, at commit
+    C, N vCPUs MODEL``, then ``extras`` (library versions, ...) and, given the
+    ``time.perf_counter()`` of the start, how long the run took; ``;`` between them."""
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    fields = [f"{now}, at commit {git_commit()}, {os.cpu_count()} vCPUs {cpu_model()}",
+              *extras]
+    if started is not None:
+        fields.append(f"run took {time.perf_counter() - started:.0f} s")
+    return f"{command_line()}   # " + "; ".join(fields)
+
+
+def load_average(when: str) -> str:
+    """``load average (1, 5, 15 min) WHEN the run: a, b, c``."""
+    return (f"load average (1, 5, 15 min) {when} the run: "
+            + ", ".join(f"{v:.2f}" for v in os.getloadavg()))
+
+
+def cpu_busy_seconds() -> float:
+    """CPU seconds all processes have used so far (user, nice, system, irq, softirq, steal)."""
+    with open("/proc/stat") as fh:
+        fields = [int(v) for v in fh.readline().split()[1:]]
+    return sum(fields[i] for i in (0, 1, 2, 5, 6, 7)) / os.sysconf("SC_CLK_TCK")
+
+
+class OtherLoad:
+    """Cores other processes kept busy between start() and cores(), and the CPU seconds of
+    ours meanwhile (own_cpu()).
+
+    Ours: this process and its reaped children (``os.times``), plus ``live_seconds()``: the
+    CPU seconds of live processes of the benchmark that ``os.times`` does not count yet (a
+    pool of limit processes, a Ray cluster's).
+    """
+
+    def __init__(self, live_seconds: Callable[[], float] | None = None) -> None:
+        self.live_seconds = live_seconds
+
+    def _own(self) -> float:
+        t = os.times()
+        live = self.live_seconds() if self.live_seconds is not None else 0.0
+        return t.user + t.system + t.children_user + t.children_system + live
+
+    def start(self) -> OtherLoad:
+        self.wall, self.busy, self.own = time.perf_counter(), cpu_busy_seconds(), self._own()
+        return self
+
+    def own_cpu(self) -> float:
+        """CPU seconds of our processes since start()."""
+        return self._own() - self.own
+
+    def cores(self) -> float:
+        """Cores other processes kept busy since start(), on average."""
+        wall = time.perf_counter() - self.wall
+        other = (cpu_busy_seconds() - self.busy) - (self._own() - self.own)
+        return max(other, 0.0) / max(wall, 1e-9)
