@@ -11,25 +11,18 @@ from __future__ import annotations
 
 import datetime
 import os
-import platform
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from bloomline.common.machine import cpu_model
+
+__all__ = ["REPO", "OtherLoad", "command_line", "cpu_busy_seconds", "cpu_model", "git_commit",
+           "header_line", "load_average", "relative"]
+
 REPO = Path(__file__).resolve().parents[1]
-
-
-def cpu_model() -> str:
-    """The CPU's ``model name`` from ``/proc/cpuinfo`` (e.g. ``AMD EPYC 9R14``)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def git_commit() -> str:

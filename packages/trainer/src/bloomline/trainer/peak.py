@@ -34,7 +34,6 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import platform
 import socket
 import statistics
 import time
@@ -45,6 +44,7 @@ from pathlib import Path
 import torch
 
 from bloomline.common.atomic import atomic_write_bytes
+from bloomline.common.machine import cpu_model
 from bloomline.trainer.model.linear import onednn_available, onednn_matmul
 
 __all__ = ["CACHE_FILE", "MfuGuard", "Peak", "PeakCache", "PeakMeasurement", "known_gpu_peak",
@@ -145,13 +145,7 @@ def _sync(device: torch.device) -> None:
 def _processor(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return cpu_model()
 
 
 def machine_key(device: torch.device, dtype: torch.dtype) -> str:
