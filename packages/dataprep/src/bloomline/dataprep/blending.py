@@ -30,7 +30,9 @@ weights, median of 5 rounds, wall time ours / megatron-core's; one other core bu
 machine 0.36x, 1.08x, 0.66x, 0.61x, 0.19x. At 10 datasets this is parity, not a win: each
 step waits on the previous pick's count (~15 ns a step for both loops), and branchless
 variants of the pick (an index kept per chain: 1.4x the scan's time; the first holder of the
-maximum found without a branch: 1.7x) and the wake kernel (1.8x) were slower there. The numpy
+maximum found without a branch: 1.7x; two steps per iteration, since step t + 1's errors
+but the winner's do not depend on step t's pick: 1.8x) and the wake kernel (1.8x) were
+slower there. The numpy
 "lanes" this module had before (steps of ~1,000 blend lanes at once, verified by meeting)
 were 1.6x (3 datasets), 4.3x (10), 4.9x (30) and 2.3x (100) megatron-core's time: each step
 costs a dozen numpy calls over (lanes x datasets) temporaries, several passes of what the C++
