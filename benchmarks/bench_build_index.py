@@ -578,29 +578,40 @@ def child_blend_rows(cfg: dict) -> dict:
     """``build_blend_indices`` against megatron-core's ``helpers.build_blending_indices``
     (into ``numpy.zeros`` arrays, as its BlendedDataset allocates them) for each dataset
     count, the order alternating per round; both already loaded (first calls: blend_first)."""
-    from bloomline.dataprep.blending import SCAN_LIMIT, build_blend_indices
+    from bloomline.dataprep.blending import _greedy, blend_kernel, build_blend_indices
 
     helpers = None
     if cfg["with_mcore"]:
         warnings.simplefilter("ignore")
         from megatron.core.datasets import helpers_cpp as helpers
     samples = cfg["samples"]
+    floor = []  # the least any builder does: allocate both outputs and write them once
+    for _ in range(cfg["repeats"]):
+        wall = time.perf_counter()
+        np.empty(samples, dtype=np.int16).fill(1)
+        np.empty(samples, dtype=np.int64).fill(1)
+        floor.append(time.perf_counter() - wall)
     rows = []
     for num in cfg["datasets"]:
         weights = _blend_weights(num)
         build_blend_indices(weights, 1000)  # JIT load, not timed here
         groups = len(np.unique(weights))
-        kernel = "scan" if num <= SCAN_LIMIT and 2 * groups > num else "wake"
+        kernel = blend_kernel(weights)
+        # the kernel not chosen, timed too: the evidence for the choice
+        unchosen = "wake" if kernel == "segments" else "segments"
+        _greedy(weights, 1000, None, unchosen)
         runs: dict[str, dict[str, list]] = {
-            b: {"wall": [], "cpu": [], "other": []} for b in ("ours", "megatron")}
+            b: {"wall": [], "cpu": [], "other": []} for b in ("ours", "megatron", "unchosen")}
         identical = True
         for round_no in range(cfg["repeats"]):
-            order = ["ours", "megatron"] if helpers is not None else ["ours"]
+            order = ["ours", "unchosen"] + (["megatron"] if helpers is not None else [])
             out = {}
             for builder in order if round_no % 2 == 0 else order[::-1]:
                 wall, cpu, busy = time.perf_counter(), time.process_time(), cpu_busy_seconds()
                 if builder == "ours":
                     out[builder] = build_blend_indices(weights, samples)
+                elif builder == "unchosen":
+                    out[builder] = _greedy(weights, samples, None, unchosen)
                 else:
                     index = np.zeros(samples, dtype=np.int16)
                     sample = np.zeros(samples, dtype=np.int64)
@@ -610,14 +621,14 @@ def child_blend_rows(cfg: dict) -> dict:
                 other = max(cpu_busy_seconds() - busy - cpu, 0.0) / wall
                 for key, value in (("wall", wall), ("cpu", cpu), ("other", other)):
                     runs[builder][key].append(value)
-            if helpers is not None:
-                identical &= all(np.array_equal(a, b) and a.dtype == b.dtype
-                                 for a, b in zip(out["ours"], out["megatron"], strict=True))
+            identical &= all(np.array_equal(a, b) and a.dtype == b.dtype
+                             for other in order[1:]
+                             for a, b in zip(out["ours"], out[other], strict=True))
             del out
-        rows.append({"datasets": num, "kernel": kernel, "groups": groups, "runs": runs,
-                     "identical": identical if helpers is not None else None})
+        rows.append({"datasets": num, "kernel": kernel, "unchosen": unchosen, "groups": groups,
+                     "runs": runs, "identical": identical})
         print(f"{num} datasets done", flush=True)
-    return {"rows": rows}
+    return {"rows": rows, "write_floor": floor}
 
 
 def child_blend_first(cfg: dict) -> dict:
@@ -632,7 +643,7 @@ def child_blend_first(cfg: dict) -> dict:
     out = {}
     start = time.perf_counter()
     build_blend_indices(_blend_weights(3), 1000)
-    out["ours_scan"] = time.perf_counter() - start
+    out["ours_segments"] = time.perf_counter() - start
     start = time.perf_counter()
     build_blend_indices(_blend_weights(500), 1000)
     out["ours_wake"] = time.perf_counter() - start
@@ -956,38 +967,44 @@ def report_blend_rows(args, with_mcore) -> int:
     finally:
         shutil.rmtree(numba_cache, ignore_errors=True)
     print(f"blend rows: {samples:,} samples, {args.blend_rows_repeats} rounds ...", flush=True)
-    rows = run_child("blend_rows", {"samples": samples, "datasets": counts,
-                                    "repeats": args.blend_rows_repeats,
-                                    "with_mcore": with_mcore})["rows"]
-    header = (f"{'blend indices, datasets':<24} {'kernel':>6} {'megatron-core s':>15} "
-              f"{'ours s':>8} {'ours/mcore':>10} {'(cpu)':>6} {'other cores':>11} "
-              f"{'identical':>9}")
+    result = run_child("blend_rows", {"samples": samples, "datasets": counts,
+                                      "repeats": args.blend_rows_repeats,
+                                      "with_mcore": with_mcore})
+    rows = result["rows"]
+    header = (f"{'blend indices, datasets':<24} {'kernel':>8} {'megatron-core s':>15} "
+              f"{'ours s':>8} {'ours/mcore':>10} {'(cpu)':>6} {'other kernel s':>16} "
+              f"{'other cores':>11} {'identical':>9}")
     print()
     print(header)
     print("-" * len(header))
     passed, differ = True, False
     for row in rows:
         ours, theirs = row["runs"]["ours"], row["runs"]["megatron"]
+        unchosen = f"{row['unchosen']} {median(row['runs']['unchosen']['wall']):.3f}"
         wall = ratio(ours["wall"], theirs["wall"]) if theirs["wall"] else None
         cpu = ratio(ours["cpu"], theirs["cpu"]) if theirs["cpu"] else None
-        other = median(ours["other"] + theirs["other"])
+        other = median(ours["other"] + theirs["other"] + row["runs"]["unchosen"]["other"])
         passed &= wall is not None and wall <= 1
         differ |= row["identical"] is False
-        same = {True: "yes", False: "NO", None: "-"}[row["identical"]]
-        print(f"{row['datasets']:<24} {row['kernel']:>6} "
+        same = "yes" if row["identical"] else "NO"
+        print(f"{row['datasets']:<24} {row['kernel']:>8} "
               f"{median(theirs['wall']) or float('nan'):>15.3f} {median(ours['wall']):>8.3f} "
-              f"{wall or float('nan'):>9.2f}x {cpu or float('nan'):>5.2f}x "
+              f"{wall or float('nan'):>9.2f}x {cpu or float('nan'):>5.2f}x {unchosen:>16} "
               f"{other:>11.2f} {same:>9}")
-    print(f"median of {args.blend_rows_repeats} rounds (ours and megatron-core alternate "
-          "going first); ours/mcore: the median of per-round ratios of wall seconds, (cpu): of "
-          "this process's CPU seconds; other cores: cores other processes kept busy meanwhile "
-          "(median). Weights lognormal(sigma 1), normalized; megatron-core's helper writes "
-          "into numpy.zeros arrays allocated in the timed span, as its BlendedDataset does; "
+    print(f"median of {args.blend_rows_repeats} rounds (the builders' order reversed every "
+          "other round); ours/mcore: the median of per-round ratios of wall seconds, (cpu): of "
+          "this process's CPU seconds; other kernel: ours forced to the kernel not chosen; other "
+          "cores: cores other processes kept busy meanwhile (median); identical: all three. "
+          "Weights lognormal(sigma 1), normalized; megatron-core's helper writes into "
+          "numpy.zeros arrays allocated in the timed span, as its BlendedDataset does; "
           "ours allocates its own.")
+    print(f"limit: allocating both outputs and writing each once (int16 + int64, "
+          f"{samples * 10 / 1e6:.0f} MB), which any builder must: "
+          f"{median(result['write_floor']):.3f} s (median)")
     first = (f"first call in a fresh process (not in the rows): ours, numba's import + "
-             f"compiling the scan kernel {cold['ours_scan']:.2f} s, the wake kernel "
+             f"compiling the segment kernel {cold['ours_segments']:.2f} s, the wake kernel "
              f"{cold['ours_wake']:.2f} s; with numba's cache (every later process) "
-             f"{warm['ours_scan']:.2f} s + {warm['ours_wake']:.2f} s")
+             f"{warm['ours_segments']:.2f} s + {warm['ours_wake']:.2f} s")
     if with_mcore:
         first += (f"; megatron-core, importing its helpers + the call: "
                   f"{warm['megatron']:.2f} s")

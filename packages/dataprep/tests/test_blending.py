@@ -1,4 +1,4 @@
-"""Megatron's blend rule, compiled (scan and wake kernels): goldens, properties, oracle."""
+"""Megatron's blend rule, compiled (segment and wake kernels): goldens, properties, oracle."""
 
 from __future__ import annotations
 
@@ -85,25 +85,28 @@ def _weights(rng, kind, k):
     return weights / weights.sum()
 
 
-# (scan_limit, period): the default choice, the wake kernel forced (its level reset and every
-# group refiled every `period` steps: 3 refiles almost every step), the scan kernel forced
-KERNELS = [(blending.SCAN_LIMIT, 4096), (0, 4096), (0, 3), (10**6, 4096)]
+# (kernel, period, segment_length): the default choice; the wake kernel, also with its level
+# reset and every group refiled every `period` steps (3: refiles almost every step); the
+# segment kernel, also with segments of 7 positions, far too short for most guesses to meet
+# their true counts, so most are rewritten and the next starts from counts the join reached
+KERNELS = [(None, 4096, blending.SEGMENT_LENGTH), ("wake", 4096, 0), ("wake", 3, 0),
+           ("segments", 4096, blending.SEGMENT_LENGTH), ("segments", 4096, 7)]
 
 
-@pytest.mark.parametrize(("scan_limit", "period"), KERNELS)
-def test_kernels_equal_the_sequential_rule(scan_limit, period):
+@pytest.mark.parametrize(("kernel", "period", "segment_length"), KERNELS)
+def test_kernels_equal_the_sequential_rule(kernel, period, segment_length):
     """Catches: a kernel that deviates from the rule: a sleeping group that should have
     woken (wake step or slack wrong), a tie resolved by the wrong index (within a group of
     equal weights or between groups), a refile that loses a group, a spent dataset served,
-    or the padding picked."""
-    rng = np.random.default_rng(scan_limit + period)
+    a segment's wrong guess trusted, or a segment's positions past the blend written."""
+    rng = np.random.default_rng(period + segment_length + len(kernel or ""))
     for case in range(15):
         k = int(rng.integers(1, 70))
         kind = ["skewed", "tiny", "equal", "powers", "near"][case % 5]
         weights = _weights(rng, kind, k)
         size = int(rng.integers(1, 3000))
         expected = _reference(weights, size)
-        got = blending._greedy(weights, size, None, scan_limit, period)
+        got = blending._greedy(weights, size, None, kernel, period, segment_length)
         np.testing.assert_array_equal(got[0], expected[0], err_msg=f"{kind} {k} {size}")
         np.testing.assert_array_equal(got[1], expected[1], err_msg=f"{kind} {k} {size}")
         assert got[0].dtype == np.int16 and got[1].dtype == np.int64
@@ -113,16 +116,55 @@ def test_kernels_equal_the_sequential_rule(scan_limit, period):
             sizes[:] = sizes[0]
         weights = sizes / np.float64(sizes.sum())
         expected = _reference(weights, int(sizes.sum()), limits=sizes)
-        got = blending._greedy(weights, int(sizes.sum()), sizes, scan_limit, period)
+        got = blending._greedy(weights, int(sizes.sum()), sizes, kernel, period,
+                               segment_length)
         np.testing.assert_array_equal(got[0], expected[0], err_msg=f"{sizes}")
         np.testing.assert_array_equal(got[1], expected[1], err_msg=f"{sizes}")
 
 
+def test_segments_verify_their_guesses():
+    """Catches: a join that trusts a segment's guessed start counts without checking them,
+    or stops rewriting before the segment's counts really equal the rule's. Every segment
+    but the first is given counts that are off by one in two datasets (still summing to its
+    position, so only the comparison with the rule's counts can tell)."""
+    from bloomline.dataprep import _blend_kernels
+
+    rng = np.random.default_rng(5)
+    weights = _weights(rng, "skewed", 12)
+    limit = np.full(12, np.inf)
+    size, length = 5000, 100
+    segments = _blend_kernels.LANES * 3
+    guess = blending._guess_counts(weights, limit, np.arange(segments) * length)
+    heavy, light = np.argmax(weights), np.argmin(weights)
+    guess[1:, heavy] -= 1
+    guess[1:, light] += 1
+    index, sample = np.empty(size, np.int16), np.empty(size, np.int64)
+    end_count = np.empty_like(guess)
+    _blend_kernels.blend_segments(weights, limit, guess, length, index, sample, end_count)
+    assert not np.array_equal(index, _reference(weights, size)[0])  # the guesses misled it
+    rerun = _blend_kernels.blend_join(weights, limit, guess, length, end_count, index, sample)
+    assert rerun >= size // length - 1  # every segment after the first rewritten in part
+    np.testing.assert_array_equal(index, _reference(weights, size)[0])
+    np.testing.assert_array_equal(sample, _reference(weights, size)[1])
+
+
+def test_kernel_choice():
+    """Catches: the wake kernel left out of the automatic choice where it is the faster
+    (many datasets, or many of equal weight), or the segment kernel where it is."""
+    rng = np.random.default_rng(0)
+    assert blending.blend_kernel(rng.random(10)) == "segments"
+    assert blending.blend_kernel(rng.random(blending.SEGMENT_LIMIT)) == "segments"
+    assert blending.blend_kernel(rng.random(blending.SEGMENT_LIMIT + 1)) == "wake"
+    assert blending.blend_kernel(np.ones(100)) == "wake"
+    assert blending.blend_kernel(np.ones(40)) == "segments"  # few: every one evaluated
+    assert blending.blend_kernel(np.ones(100), np.arange(100)) == "segments"  # sizes differ
+
+
 @pytest.mark.parametrize("k", [100, 500])
 def test_many_datasets_equal_the_sequential_rule(k):
-    """Catches: the wake kernel (chosen above SCAN_LIMIT datasets) deviating from the rule
-    with many skewed, tiny or tied weights, including past its first period, where the
-    awake level is first set."""
+    """Catches: the kernel chosen for many datasets (segments at 100, wake at 500) deviating
+    from the rule with many skewed, tiny or tied weights, including past the wake kernel's
+    first period, where its awake level is first set."""
     rng = np.random.default_rng(k)
     for kind in ("skewed", "tiny", "powers", "near"):
         weights = _weights(rng, kind, k)
@@ -192,9 +234,10 @@ def test_identical_to_megatron_helpers():
 
 @pytest.mark.parametrize("k", [49, 100, 500])
 def test_many_datasets_identical_to_megatron_helpers(k):
-    """Catches: any difference from megatron-core's compiled helpers with many datasets
-    (the wake kernel, from just above the scan's limit), over hundreds of thousands of
-    steps: many periods, levels and refiles of the far list."""
+    """Catches: any difference from megatron-core's compiled helpers with many datasets,
+    over hundreds of thousands of steps, in both kernels whatever the choice: the wake
+    kernel's many periods, levels and refiles of the far list; the segment kernel's
+    guesses with many datasets, and short segments whose guesses mostly fail."""
     helpers = pytest.importorskip("megatron.core.datasets.helpers_cpp")
     rng = np.random.default_rng(k)
     size = 400_000 if k < 500 else 150_000
@@ -204,7 +247,8 @@ def test_many_datasets_identical_to_megatron_helpers(k):
         sample = np.zeros(size, np.int64)
         helpers.build_blending_indices(index, sample, weights, k, size, False)
         for got in (build_blend_indices(weights, size),
-                    blending._greedy(weights, size, None, 0, 3)):  # refiled every 3 steps
+                    blending._greedy(weights, size, None, "wake", 3),  # refiled every 3 steps
+                    blending._greedy(weights, size, None, "segments", 4096, 50)):
             np.testing.assert_array_equal(got[0], index, err_msg=kind)
             np.testing.assert_array_equal(got[1], sample, err_msg=kind)
     sizes = rng.integers(1, 2000, size=k).astype(np.int64)

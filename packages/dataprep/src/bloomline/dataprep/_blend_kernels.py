@@ -20,39 +20,94 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from bloomline.dataprep._blend_simd import LANES, segment_steps
+
 _FLAGS = {"cache": True, "nogil": True, "boundscheck": False}
+_BLOCK = 256  # steps per call of segment_steps: its outputs stay in L1 until written out
 
 
 @numba.njit(**_FLAGS)
-def blend_scan(weight, count, limit, size, dataset_index, dataset_sample_index):
-    """Every dataset's error at every step, datasets in index order (arrays padded to a
-    multiple of 4 with weight 0 and count +inf).
+def blend_segments(weight, limit, guess, length, dataset_index, dataset_sample_index,
+                   end_count):
+    """Segment g (positions ``g * length`` on) run by the rule from the counts ``guess[g]``,
+    LANES segments side by side (``_blend_simd``); writes the positions below the blend's
+    size and each segment's counts after its ``length`` steps to ``end_count[g]``.
+    ``guess.shape[0]`` is a multiple of LANES."""
+    datasets, size = weight.size, dataset_index.size
+    count = np.empty((datasets, LANES))
+    first_t = np.empty(LANES)
+    picks = np.empty((_BLOCK, LANES), dtype=np.int64)
+    taken = np.empty((_BLOCK, LANES))
+    for first in range(0, guess.shape[0], LANES):
+        for k in range(LANES):
+            for d in range(datasets):
+                count[d, k] = guess[first + k, d]
+        for offset in range(0, length, _BLOCK):
+            steps = min(_BLOCK, length - offset)
+            for k in range(LANES):
+                first_t[k] = float((first + k) * length + offset)
+            segment_steps(count, weight, limit, first_t, steps, picks, taken)
+            for k in range(LANES):
+                at = (first + k) * length + offset
+                for j in range(min(steps, size - at)):
+                    dataset_index[at + j] = picks[j, k]
+                    dataset_sample_index[at + j] = np.int64(taken[j, k])
+        for k in range(LANES):
+            for d in range(datasets):
+                end_count[first + k, d] = count[d, k]
 
-    Two passes instead of the C++ loop's one: the maximum over four independent chains
-    (no branch, four times the parallelism of one running maximum), then the first dataset
-    whose error equals it, which is the C++ loop's pick, ties to the lowest index included.
+
+@numba.njit(**_FLAGS)
+def blend_join(weight, limit, guess, length, end_count, dataset_index, dataset_sample_index):
+    """Verify ``blend_segments``' output from the start, rewriting what was wrong; returns
+    the steps rerun.
+
+    Segment 0 began from the true counts. Where segment g begins, the true counts are known;
+    if they equal its guess, its whole run is the rule's. Otherwise the rule runs on from
+    the true counts, overwriting the segment's positions, while the segment's own counts are
+    followed from its guess and picks; the rule is deterministic, so once the two are equal
+    (usually within a few dozen steps) the rest of the segment is the rule's. A segment
+    never met is rewritten whole, and the next begins from counts the rule reached itself.
     """
-    padded = weight.size
-    for i in range(size):
-        t = max(float(i), 1.0)
-        m0 = weight[0] * t - count[0]
-        m1 = weight[1] * t - count[1]
-        m2 = weight[2] * t - count[2]
-        m3 = weight[3] * t - count[3]
-        for d in range(4, padded, 4):
-            m0 = max(m0, weight[d] * t - count[d])
-            m1 = max(m1, weight[d + 1] * t - count[d + 1])
-            m2 = max(m2, weight[d + 2] * t - count[d + 2])
-            m3 = max(m3, weight[d + 3] * t - count[d + 3])
-        top = max(max(m0, m1), max(m2, m3))
-        best = 0
-        while weight[best] * t - count[best] != top:
-            best += 1
-        dataset_index[i] = best
-        dataset_sample_index[i] = np.int64(count[best])
-        count[best] += 1.0
-        if count[best] >= limit[best]:
-            count[best] = np.inf
+    datasets, size = weight.size, dataset_index.size
+    true = end_count[0].copy()
+    theirs = np.empty(datasets)
+    rerun = 0
+    for g in range(1, guess.shape[0]):
+        begin, end = g * length, min((g + 1) * length, size)
+        if begin >= size:
+            break
+        theirs[:] = guess[g]
+        differ = 0
+        for d in range(datasets):
+            differ += true[d] != theirs[d]
+        i = begin
+        while differ > 0 and i < end:
+            t = max(float(i), 1.0)
+            top = weight[0] * t - true[0]
+            for d in range(1, datasets):
+                top = max(top, weight[d] * t - true[d])
+            best = 0
+            while weight[best] * t - true[best] != top:
+                best += 1
+            their = np.int64(dataset_index[i])
+            differ -= (true[best] != theirs[best]) + (their != best
+                                                       and true[their] != theirs[their])
+            dataset_index[i] = best
+            dataset_sample_index[i] = np.int64(true[best])
+            true[best] += 1.0
+            if true[best] >= limit[best]:
+                true[best] = np.inf
+            theirs[their] += 1.0
+            if theirs[their] >= limit[their]:
+                theirs[their] = np.inf
+            differ += (true[best] != theirs[best]) + (their != best
+                                                      and true[their] != theirs[their])
+            i += 1
+        rerun += i - begin
+        if differ == 0:
+            true[:] = end_count[g]
+    return rerun
 
 
 @numba.njit(**_FLAGS)

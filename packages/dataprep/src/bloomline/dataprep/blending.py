@@ -7,48 +7,54 @@ t = max(i, 1) and c_d the samples dataset d has given so far, pick the d with th
 draws exactly ``sizes[d]`` samples from each dataset with ``w_d = sizes[d] / sum(sizes)`` and
 skips datasets that are spent.
 
-Each step depends on every earlier one. megatron-core runs it as a C++ loop over all datasets
-at every step (~1.2 ns per dataset and step on the 2-vCPU EPYC dev machine). Here two loops
+Each step depends on every earlier one. megatron-core runs it as one C++ loop over all
+datasets at every step; each step waits on the previous pick's count (~14 ns a step at 10
+datasets on the 2-vCPU EPYC dev machine, whatever the loop does around it). Two kernels
 compiled by numba (``_blend_kernels``) evaluate the same float64 expression (no fast-math: no
 fused multiply-add), so every comparison and pick is identical:
 
-- *scan* (up to ``SCAN_LIMIT`` datasets of mostly distinct weights): every error at every
-  step, as the C++ loop, but the maximum over four independent chains without a branch, then
-  the first dataset that holds it (the C++ loop's running maximum is a branch per dataset
-  that goes either way; at 3-10 datasets this is 1.3-3x faster).
-- *wake* (more datasets): only datasets whose error can be near the top are evaluated. Between
-  two picks a dataset's error grows linearly, so the step at which it can reach a level
-  ``lam`` is known in advance; it sleeps in a timing wheel until then. If the best awake error
-  is at least ``lam``, no sleeper can beat or tie it; otherwise (a few % of steps) all are
-  evaluated. ``lam`` follows a low quantile of recent winning errors. Datasets of equal
-  weight form one group (their errors differ by their counts only, so they are served in
-  turn), which keeps exact ties, the worst case for the level, to one entry.
+- *segments* (up to ``SEGMENT_LIMIT`` datasets of mostly distinct weights): the blend is cut
+  into segments of ``SEGMENT_LENGTH`` positions and each runs the rule from a *guess* of
+  the counts at its start (``w * position``, rounded so they sum to it: the rule keeps
+  every count within about one of that). Independent segments break the chain: 24 of them
+  run side by side, 8 per SIMD vector (``_blend_simd``), so the CPU overlaps their steps.
+  Then ``blend_join`` verifies from the start: where a segment begins, the true counts are
+  known (the previous segment's end, once verified); if they differ from its guess, the
+  rule runs on from the true counts, rewriting its positions, until the two runs' counts
+  are equal, after which the deterministic rule makes the rest of the segment right
+  (measured at 10M samples, 312 segments, lognormal weights: 0.5-7.5 steps per segment on
+  average at 3-500 datasets, < 0.03% of all steps). A guess that never meets costs its
+  segment a sequential rerun (seen once in 312 with 300 weights of lognormal sigma 2.5), so
+  the result is exact in every case; only the time depends on the guesses.
+- *wake* (more datasets, or many of equal weight): only datasets whose error can be near
+  the top are evaluated. Between two picks a dataset's error grows linearly, so the step
+  at which it can reach a level ``lam`` is known in advance; it sleeps in a timing wheel
+  until then. If the best awake error is at least ``lam``, no sleeper can beat or tie it;
+  otherwise (a few % of steps) all are evaluated. ``lam`` follows a low quantile of recent
+  winning errors. Datasets of equal weight form one group (their errors differ by their
+  counts only, so they are served in turn), which keeps exact ties, the worst case for the
+  level, to one entry.
 
-Why numba, measured (``make bench-build-index``, its blend rows: 10M samples, lognormal
-weights, median of 5 rounds, wall time ours / megatron-core's; one other core busy):
-3 datasets 0.34x, 10: 0.78x, 30: 0.87x, 100: 0.70x, 500: 0.24x, all identical; on a quiet
-machine 0.36x, 1.08x, 0.66x, 0.61x, 0.19x. At 10 datasets this is parity, not a win: each
-step waits on the previous pick's count (~15 ns a step for both loops), and branchless
-variants of the pick (an index kept per chain: 1.4x the scan's time; the first holder of the
-maximum found without a branch: 1.7x; two steps per iteration, since step t + 1's errors
-but the winner's do not depend on step t's pick: 1.8x) and the wake kernel (1.8x) were
-slower there. The numpy
-"lanes" this module had before (steps of ~1,000 blend lanes at once, verified by meeting)
-were 1.6x (3 datasets), 4.3x (10), 4.9x (30) and 2.3x (100) megatron-core's time: each step
-costs a dozen numpy calls over (lanes x datasets) temporaries, several passes of what the C++
-loop does once, so no lane count closes that gap at 3-30 datasets. A C extension would need a
-compiler at install. Cost of numba 0.68.1 (manylinux wheels, no compiler): ~210 MB installed
-(llvmlite's LLVM library is 170 MB of it; the wheels download 64 MB); ``import numba`` ~0.3 s,
-paid on the first blend only (the kernels module is imported lazily); compiling both kernels
-on a machine's first blend ~2.3 s (0.7 s scan, 1.6 s wake); ``cache=True`` stores the machine
-code in ``__pycache__`` (numba's user cache where that is read-only), so later processes load
-it in ~0.01 s. Tried and dropped: SIMD scans (numba's float ``max`` does not vectorize, not
-even with fast-math; LLVM's ``maxnum`` through an intrinsic does, but ran no faster on loops
-of 30-100), and bounds over blocks of datasets sorted by weight (slower than the scan at 30
-and 100 datasets, 2x the wake kernel's time at 500). At 16-64 datasets of distinct weights
-both kernels stay near the C++ loop's speed
-(0.85x-1.0x, depending on the weights): the scan does the same work per dataset, and the wake
-kernel's bookkeeping costs about what it skips.
+Measured (``make bench-build-index``, its blend rows: 10M samples, lognormal weights, median
+of 5 rounds, wall time ours / megatron-core's, quiet machine): 3 datasets 0.29x, 10: 0.29x,
+30: 0.16x, 100 (segments): 0.25x, 500 (wake): 0.19x, all identical. The segment kernel
+against the wake kernel (the bench's "other kernel" column): 0.18 s against 0.48 s at 100
+datasets, 0.97 s against 0.69 s at 500; 0.09 s against 0.20 s at 40 datasets of which 30
+are equal, 0.88 s against 0.09 s at 500 equal ones; hence the choice (``_choose``).
+
+Tried before and dropped: a single sequential scan compiled (the maximum over four chains,
+then the first dataset holding it): 0.36x at 3 datasets but 1.08x at 10, where every
+variant of the pick stayed on the chain (an index per chain, a branchless first holder, two
+steps per iteration: 1.4-1.8x slower); 24 segments side by side in numba source, which
+numba leaves scalar (0.094 s at 10 datasets against 0.035 s in vector IR); numpy "lanes"
+(~1,000 segments stepped together by numpy calls): 1.6x-4.9x megatron-core's time, as each
+step costs a dozen numpy calls over temporaries. A C extension would need a compiler at
+install. Cost of numba 0.68.1 (manylinux wheels, no compiler): ~210 MB installed (llvmlite's
+LLVM library is 170 MB of it; the wheels download 64 MB); ``import numba`` ~0.3 s, paid on
+the first blend only (the kernels module is imported lazily); compiling the kernels on a
+machine's first blend ~2.2 s (segments) and ~1.3 s (wake, only when chosen); ``cache=True``
+stores the machine code in ``__pycache__`` (numba's user cache where that is read-only), so
+later processes load it in ~0.01 s.
 """
 
 from __future__ import annotations
@@ -66,8 +72,12 @@ __all__ = [
 
 # dataset_index is int16 in Megatron's format, and megatron-core asserts fewer than this
 MAX_DATASETS = 32767
-# up to this many datasets every one is evaluated at every step; above, only the awake
-SCAN_LIMIT = 48
+# up to this many datasets (of mostly distinct weights) every one is evaluated at every step
+# (the segment kernel); above, only those that can win (the wake kernel)
+SEGMENT_LIMIT = 256
+# positions per segment: long enough that verifying its guess (usually a few dozen steps
+# rerun) costs nothing, short enough that a blend of 1M samples fills 24 segments
+SEGMENT_LENGTH = 1 << 15
 
 
 def blend_component_sizes(weights: list[float], num_samples: int, surplus: float = 0.0
@@ -110,14 +120,43 @@ def build_exhaustive_blend_indices(sizes: list[int]) -> tuple[np.ndarray, np.nda
     return _greedy(weights, total, limits=limits)
 
 
+def blend_kernel(weights: np.ndarray, limits: np.ndarray | None = None) -> str:
+    """The kernel ``_greedy`` runs for these weights (and per-dataset limits):
+    ``"segments"`` or ``"wake"``."""
+    weights = np.asarray(weights, dtype=np.float64)
+    limit = np.full(len(weights), np.inf) if limits is None else np.asarray(limits, np.float64)
+    return _choose(len(weights), len(_groups(weights, limit)[1]))
+
+
+def _choose(num_datasets: int, num_groups: int) -> str:
+    # the segment kernel evaluates every dataset at every step; the wake kernel's bookkeeping
+    # pays off beyond a few hundred datasets, or beyond ~48 where equal weights make groups
+    # of them (64 equal: 0.09 s wake, 0.13 s segments; 40, 30 of them equal: 0.20 s, 0.09 s)
+    few = num_datasets <= SEGMENT_LIMIT and (2 * num_groups > num_datasets
+                                             or num_datasets <= 48)
+    return "segments" if few else "wake"
+
+
+def _groups(weights: np.ndarray, limit: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Datasets sorted heaviest first, equal weight and limit adjacent, each group's members
+    by ascending index (the order the rule serves them in); and where each group starts."""
+    ids = np.arange(len(weights), dtype=np.int64)
+    order = np.lexsort((ids, limit, -weights))
+    sorted_weights, sorted_limits = weights[order], limit[order]
+    new_group = np.ones(len(weights), dtype=bool)
+    new_group[1:] = ((sorted_weights[1:] != sorted_weights[:-1])
+                     | (sorted_limits[1:] != sorted_limits[:-1]))
+    return order, np.flatnonzero(new_group).astype(np.int64)
+
+
 def _greedy(weights: np.ndarray, size: int, limits: np.ndarray | None,
-            scan_limit: int = SCAN_LIMIT, period: int = 4096
-            ) -> tuple[np.ndarray, np.ndarray]:
+            kernel: str | None = None, period: int = 4096,
+            segment_length: int = SEGMENT_LENGTH) -> tuple[np.ndarray, np.ndarray]:
     """The rule over ``size`` steps; ``limits`` (per dataset) for the exhaustive variant.
 
-    The scan kernel for up to ``scan_limit`` datasets of mostly distinct weights, the wake
-    kernel otherwise (tests force each, and a short ``period`` to exercise the wake kernel's
-    refiling).
+    ``kernel`` as ``_choose`` picks it unless given; tests force each, a short ``period``
+    to exercise the wake kernel's refiling and a short ``segment_length`` to cut many
+    segments whose guesses are wrong.
     """
     from bloomline.dataprep import _blend_kernels
 
@@ -128,25 +167,20 @@ def _greedy(weights: np.ndarray, size: int, limits: np.ndarray | None,
         return dataset_index, dataset_sample_index
     limit = (np.full(num_datasets, np.inf) if limits is None
              else np.asarray(limits, dtype=np.float64))
-    ids = np.arange(num_datasets, dtype=np.int64)
-    # groups: equal weight and limit, heaviest first; members by ascending index, the order
-    # the rule serves them in
-    order = np.lexsort((ids, limit, -weights))
-    sorted_weights, sorted_limits = weights[order], limit[order]
-    new_group = np.ones(num_datasets, dtype=bool)
-    new_group[1:] = ((sorted_weights[1:] != sorted_weights[:-1])
-                     | (sorted_limits[1:] != sorted_limits[:-1]))
-    start = np.flatnonzero(new_group).astype(np.int64)
-    if num_datasets <= scan_limit and 2 * len(start) > num_datasets:
-        padded = -(-num_datasets // 4) * 4
-        weight = np.zeros(padded)
-        weight[:num_datasets] = weights
-        count = np.full(padded, np.inf)  # the padding's error is -inf: never picked
-        count[:num_datasets] = np.where(limit > 0, 0.0, np.inf)  # a size-0 dataset is spent
-        _blend_kernels.blend_scan(weight, count, np.pad(limit, (0, padded - num_datasets)),
-                                  size, dataset_index, dataset_sample_index)
+    order, start = _groups(weights, limit)
+    if (kernel or _choose(num_datasets, len(start))) == "segments":
+        lanes = _blend_kernels.LANES
+        # whole rounds of LANES segments, about segment_length each
+        num_segments = lanes * -(-size // (lanes * segment_length))
+        length = -(-size // num_segments)
+        guess = _guess_counts(weights, limit, np.arange(num_segments) * length)
+        end_count = np.empty_like(guess)
+        _blend_kernels.blend_segments(weights, limit, guess, length, dataset_index,
+                                      dataset_sample_index, end_count)
+        _blend_kernels.blend_join(weights, limit, guess, length, end_count, dataset_index,
+                                  dataset_sample_index)
         return dataset_index, dataset_sample_index
-    group_limit = np.ascontiguousarray(sorted_limits[start])
+    sorted_weights, group_limit = weights[order][start], limit[order][start]
     # rounding of an error (of magnitude <= max|w| * t): a few ulps of size * max|w|;
     # 2**-44 of it is >= 32 times that
     slack = max(1.0, float(np.abs(weights).max())) * (size + 2) * 2.0**-44 + 2.0**-40
@@ -154,12 +188,30 @@ def _greedy(weights: np.ndarray, size: int, limits: np.ndarray | None,
     # a full evaluation costs as much as ~all groups awake: about 2 of them per step
     quantile = min(0.05, 2.0 / len(start))
     _blend_kernels.blend_wake(
-        np.ascontiguousarray(sorted_weights[start]),  # weight
+        np.ascontiguousarray(sorted_weights),         # weight
         np.where(group_limit > 0, 0.0, np.inf),       # q: a size-0 dataset is spent
         np.zeros(len(start), dtype=np.int64),         # pos
         order[start],                                 # cand
         start, order,                                 # start, members
         np.diff(np.append(start, num_datasets)),      # num
-        group_limit, size, slack, wheel, quantile, period, dataset_index,
-        dataset_sample_index)
+        np.ascontiguousarray(group_limit), size, slack, wheel, quantile, period,
+        dataset_index, dataset_sample_index)
     return dataset_index, dataset_sample_index
+
+
+def _guess_counts(weights: np.ndarray, limit: np.ndarray, positions: np.ndarray
+                  ) -> np.ndarray:
+    """Counts the rule probably holds at each of ``positions`` (rows): ``weights * position``
+    rounded down, then one more for the largest remainders until a row sums to its position
+    (as the rule keeps every count within about one of it); capped at ``limit``, a dataset
+    that reaches it +inf (spent), as the kernels hold it. Only a guess: ``blend_join``
+    verifies it. Row 0 (position 0) is exact: nothing taken, size-0 datasets spent."""
+    ideal = weights[None, :] * positions[:, None].astype(np.float64)
+    counts = np.minimum(np.floor(ideal), limit[None, :])
+    short = positions - counts.sum(axis=1).astype(np.int64)
+    remainder = np.where(counts < limit[None, :], ideal - counts, -np.inf)
+    order = np.argsort(-remainder, axis=1, kind="stable")
+    rank = np.empty_like(order)
+    np.put_along_axis(rank, order, np.broadcast_to(np.arange(len(weights)), order.shape), 1)
+    counts += (rank < short[:, None]) & (counts < limit[None, :])
+    return np.where(counts >= limit[None, :], np.inf, counts)
