@@ -36,10 +36,10 @@ fused multiply-add), so every comparison and pick is identical:
   level, to one entry.
 
 Measured (``make bench-build-index``, its blend rows: 10M samples, lognormal weights, median
-of 5 rounds, wall time ours / megatron-core's, quiet machine): 3 datasets 0.29x, 10: 0.29x,
-30: 0.16x, 100 (segments): 0.25x, 500 (wake): 0.19x, all identical. The segment kernel
-against the wake kernel (the bench's "other kernel" column): 0.18 s against 0.48 s at 100
-datasets, 0.97 s against 0.69 s at 500; 0.09 s against 0.20 s at 40 datasets of which 30
+of 5 rounds, wall time ours / megatron-core's, quiet machine): 3 datasets 0.28x, 10: 0.27x,
+30: 0.15x, 100 (segments): 0.25x, 500 (wake): 0.19x, all identical. The segment kernel
+against the wake kernel (the bench's "other kernel" column): 0.19 s against 0.48 s at 100
+datasets, 0.98 s against 0.70 s at 500; 0.09 s against 0.20 s at 40 datasets of which 30
 are equal, 0.88 s against 0.09 s at 500 equal ones; hence the choice (``_choose``).
 
 Tried before and dropped: a single sequential scan compiled (the maximum over four chains,
