@@ -2,9 +2,9 @@
 the reasons.
 
 Imported on the first blend build only: importing numba takes ~0.5 s, which a ``dataprep``
-command that builds no blend should not pay. ``cache=True`` keeps the machine code in
-``__pycache__`` (or numba's user cache folder where that is read-only), so only the first
-build on a machine compiles.
+command that builds no blend should not pay. numba's cache keeps the machine code in
+``__pycache__`` (or its user cache folder where that is read-only), so only the first
+build on a machine compiles (``_jit``: where neither is writable, every process does).
 
 Every error is the C++ helper's expression ``w * t - c`` in float64, evaluated the same way
 (no fast-math flags: no fused multiply-add, no reassociation), so every comparison, and with
@@ -17,16 +17,16 @@ passes each array as seven values and costs more than a step. Helpers serve rare
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 
 from bloomline.dataprep._blend_simd import LANES, segment_steps
+from bloomline.dataprep._jit import njit
 
-_FLAGS = {"cache": True, "nogil": True, "boundscheck": False}
+_FLAGS = {"nogil": True, "boundscheck": False}
 _BLOCK = 256  # steps per call of segment_steps: its outputs stay in L1 until written out
 
 
-@numba.njit(**_FLAGS)
+@njit(**_FLAGS)
 def blend_segments(weight, limit, guess, length, dataset_index, dataset_sample_index,
                    end_count):
     """Segment g (positions ``g * length`` on) run by the rule from the counts ``guess[g]``,
@@ -57,7 +57,7 @@ def blend_segments(weight, limit, guess, length, dataset_index, dataset_sample_i
                 end_count[first + k, d] = count[d, k]
 
 
-@numba.njit(**_FLAGS)
+@njit(**_FLAGS)
 def blend_join(weight, limit, guess, length, end_count, dataset_index, dataset_sample_index):
     """Verify ``blend_segments``' output from the start, rewriting what was wrong; returns
     the steps rerun.
@@ -110,7 +110,7 @@ def blend_join(weight, limit, guess, length, end_count, dataset_index, dataset_s
     return rerun
 
 
-@numba.njit(**_FLAGS)
+@njit(**_FLAGS)
 def _evaluate_all(weight, q, cand, t):
     """The winner among all groups at t: largest error, ties to the lowest dataset."""
     best, best_error, best_cand = 0, -np.inf, np.int64(1 << 62)
@@ -121,7 +121,7 @@ def _evaluate_all(weight, q, cand, t):
     return best, best_error
 
 
-@numba.njit(**_FLAGS)
+@njit(**_FLAGS)
 def _wake_step(w, inverse, q, lam, slack, i, never):
     """The first step after i at which a group's error ``w * t - q`` can reach ``lam``;
     ``never`` if it cannot before the end (spent, or ``w <= 0``: its error never grows).
@@ -142,7 +142,7 @@ def _wake_step(w, inverse, q, lam, slack, i, never):
     return np.int64(at) - 1
 
 
-@numba.njit(**_FLAGS)
+@njit(**_FLAGS)
 def _file_all(weight, inverse, q, lam, slack, i, never, head, nxt, wake, awake, slot):
     """Every group filed anew for level lam after step i; returns how many are awake."""
     wheel = head.size - 1
@@ -165,7 +165,7 @@ def _file_all(weight, inverse, q, lam, slack, i, never, head, nxt, wake, awake, 
     return num_awake
 
 
-@numba.njit(**_FLAGS)
+@njit(**_FLAGS)
 def blend_wake(weight, q, pos, cand, start, members, num, limit, size, slack, wheel,
                quantile, period, dataset_index, dataset_sample_index):
     """The same picks for many datasets, evaluating only the groups that are *awake*.

@@ -20,32 +20,34 @@ long are left to numpy.) Draws are MT19937's ``genrand_int32`` over the generato
 temporaries).
 
 Imported only when an index is large (``gpt_samples``): importing numba costs ~0.3 s, as much
-as these loops save on ~10M entries. ``cache=True`` keeps the machine code (in
-``__pycache__``, or numba's user cache folder where that is read-only), so only a machine's
-first build compiles (~1 s per token dtype).
+as these loops save on ~10M entries. numba's cache keeps the machine code (in
+``__pycache__``, or its user cache folder where that is read-only), so only a machine's
+first build compiles (~1 s per token dtype; ``_jit``: where neither folder is writable,
+every process does).
 """
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
+
+from bloomline.dataprep._jit import njit
 
 _N, _M = 624, 397
 _MATRIX_A, _UPPER, _LOWER = 0x9908B0DF, 0x80000000, 0x7FFFFFFF
 _BLOCK = 2048  # positions whose draws are made before their swaps (16 KiB of j)
 
 
-@numba.njit(cache=True, nogil=True, boundscheck=False, inline="always")
+@njit(nogil=True, boundscheck=False, inline="always")
 def _next_word(word, following, far):
     """One word of MT19937's twist: ``word``'s top bit and ``following``'s other 31."""
     y = (np.uint32(word) & np.uint32(_UPPER)) | (np.uint32(following) & np.uint32(_LOWER))
     return np.uint32(far) ^ (y >> np.uint32(1)) ^ (np.uint32(_MATRIX_A) * (y & np.uint32(1)))
 
 
-@numba.njit(cache=True, nogil=True, boundscheck=False)
+@njit(nogil=True, boundscheck=False)
 def _twist(key):
     """MT19937's next 624 words, in place (``mt19937_gen``): three loops, so no index wraps."""
     for i in range(_N - _M):
@@ -55,7 +57,7 @@ def _twist(key):
     key[_N - 1] = _next_word(key[_N - 1], key[0], key[_M - 1])
 
 
-@numba.njit(cache=True, nogil=True, boundscheck=False)
+@njit(nogil=True, boundscheck=False)
 def shuffle_mt19937(array, key, pos):
     """Shuffle ``array`` (under 2**32 entries) in place as ``RandomState.shuffle`` does from
     the state (``key``, a writable uint32[624] copy, and ``pos``); returns the new ``pos``
@@ -97,7 +99,7 @@ def shuffle_mt19937(array, key, pos):
     return pos
 
 
-@numba.njit(cache=True, nogil=True, boundscheck=False)
+@njit(nogil=True, boundscheck=False)
 def sample_starts(sequence_lengths, document_index, seq_length, rows, extra):
     """Megatron's ``build_sample_idx`` loop: row j = (position k of the document index where
     token j * L lies, its offset in that document). With the extra token a start on a
@@ -135,7 +137,7 @@ def _copy_bytes(typingctx, destination, destination_byte, source, source_byte, s
     return signature, codegen
 
 
-@numba.njit(cache=True, nogil=True, boundscheck=False)
+@njit(nogil=True, boundscheck=False)
 def gather_samples(ids, rows, batch, shuffle, sample_index, document_index, pointers, lengths,
                    tokens, itemsize, extra):
     """Samples ``ids`` of one dataset into the C-contiguous ``batch`` (row ``rows[r]`` for
