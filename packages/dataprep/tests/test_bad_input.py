@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -11,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from bloomline.common import UserError
-from bloomline.dataprep import IndexedDataset
+from bloomline.dataprep import IndexedDataset, IndexedDatasetWriter
+from bloomline.dataprep.pipeline import tokenize_corpus
 
 
 def _assert_clean_failure(result, message, out_dir):
@@ -174,6 +176,24 @@ def test_ctrl_c_stops_cleanly_and_removes_partial_files(tmp_path, tiny_tokenizer
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130, stderr
     assert b"Traceback" not in stderr
+    assert list(out.iterdir()) == []
+
+
+def test_an_interrupt_between_chunks_stops_the_workers_before_cleanup(tmp_path, tiny_tokenizer,
+                                                                     monkeypatch):
+    """Catches: Ctrl-C landing while the main process splices a finished chunk (not while it
+    waits on the workers) leaving the pool running: the scratch folder was removed under the
+    workers, and a shard finished later recreated it (CI saw a ``.c.*.partial`` left behind).
+    Deterministic: the interrupt is raised at the first splice, with more chunks in flight."""
+    def interrupted(self, prefix):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(IndexedDatasetWriter, "add_index", interrupted)  # main process only
+    (tmp_path / "in.jsonl").write_bytes(b'{"text": "a few words"}\n' * 20000)  # ~0.5 MB
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        tokenize_corpus([str(tmp_path / "in.jsonl")], str(tiny_tokenizer), str(out / "c"),
+                        workers=2, max_chunk_bytes=16 << 10, show_progress=False)
+    assert multiprocessing.active_children() == []  # the pool was shut down before cleanup
     assert list(out.iterdir()) == []
 
 

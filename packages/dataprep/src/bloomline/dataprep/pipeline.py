@@ -323,20 +323,25 @@ def tokenize_corpus(
                 results = ray_results_in_flight(chunks, ray_address, workers, init_args)
             else:
                 results = _results_in_flight(chunks, workers, init_args)
-            for result in results:
-                ready[result.index] = result
-                # Splice finished shards into the outputs in chunk order, while workers go on.
-                while next_index in ready:
-                    done = ready.pop(next_index)
-                    for key, writer in writers.items():
-                        writer.add_index(done.shards[key])
-                        for suffix in (".bin", ".idx"):
-                            Path(done.shards[key] + suffix).unlink()
-                    summary.add(done)
-                    progress.update(docs=done.num_documents, text_bytes=done.text_bytes,
-                                    tokens=sum(done.num_tokens.values()),
-                                    source_bytes=done.source_bytes)
-                    next_index += 1
+            # closing(): an exception raised here, outside the generator (Ctrl-C while
+            # splicing), must still run its cleanup, which waits until no worker writes into
+            # the scratch folder, before that folder is removed. Left to the garbage
+            # collector, it ran after the removal, and a late shard recreated the folder.
+            with contextlib.closing(results):
+                for result in results:
+                    ready[result.index] = result
+                    # Splice finished shards into the outputs in chunk order, while workers go on.
+                    while next_index in ready:
+                        done = ready.pop(next_index)
+                        for key, writer in writers.items():
+                            writer.add_index(done.shards[key])
+                            for suffix in (".bin", ".idx"):
+                                Path(done.shards[key] + suffix).unlink()
+                        summary.add(done)
+                        progress.update(docs=done.num_documents, text_bytes=done.text_bytes,
+                                        tokens=sum(done.num_tokens.values()),
+                                        source_bytes=done.source_bytes)
+                        next_index += 1
             for prefix in outputs.values():  # an overwritten output's records go first
                 fingerprint_path(prefix).unlink(missing_ok=True)
                 shard_record_path(prefix).unlink(missing_ok=True)
