@@ -33,7 +33,7 @@ import shutil
 import sys
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -140,11 +140,32 @@ def _options():
 
 
 def saved_state_dict(model, optimizer) -> dict:
-    """What DCP writes: {"model": ..., "optim": ...} (live tensors, not copies)."""
+    """What DCP writes: {"model": ..., "optim": ...} (live tensors, not copies).
+
+    An optimizer that has not stepped yet has no state to save, so DCP's ``get_state_dict``
+    creates it with a zero-lr ``step()``: Adam's moments stay zero but its step counter reads
+    1, and the first real update would use the second step's bias correction. That counter
+    is set back to 0 (in the optimizer and in what is saved): a step that did not happen is
+    never recorded."""
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
+    never_stepped = not optimizer.state
     model_state, optim_state = get_state_dict(model, optimizer, options=_options())
+    if never_stepped:
+        for state in [*optimizer.state.values(), optim_state]:
+            _zero_step_counters(state)
     return {"model": model_state, "optim": optim_state}
+
+
+def _zero_step_counters(state: dict) -> None:
+    """Set the ``step`` entries (Adam/LAMB's per-parameter counter) of a parameter's state, or
+    of a flattened optimizer state dict (``state.NAME.step``), to 0."""
+    for key, value in state.items():
+        if key == "step" or key.endswith(".step"):
+            if isinstance(value, torch.Tensor):
+                value.zero_()
+            else:
+                state[key] = 0
 
 
 @dataclass
@@ -295,8 +316,6 @@ def load_config_of(checkpoint: str | Path, config_cls):
 
 def check_compatible(saved, current, checkpoint: Path) -> None:
     """Refuse to load weights into a model of another shape (or data of another L/seed)."""
-    from dataclasses import asdict
-
     fields = []
     for section, names in (("model", None), ("data", ("seq_length", "seed", "split"))):
         old, new = asdict(getattr(saved, section)), asdict(getattr(current, section))
@@ -310,6 +329,29 @@ def check_compatible(saved, current, checkpoint: Path) -> None:
                         + "; ".join(fields))
 
 
+# settings that name this run's place and tools rather than what it computes: never listed
+_NOT_COMPARED = {"train.run_dir", "checkpoint.resume", "checkpoint.init_from",
+                 "monitor.peak_flops"}
+
+
+def changed_settings(saved, current) -> list[str]:
+    """``section.key old -> new`` for every setting of ``current`` that differs from the
+    config a checkpoint was written with (``check_compatible`` refuses the ones a resume
+    cannot change; the rest take this run's value)."""
+    def leaves(tree: dict, prefix: str = "") -> dict:
+        flat = {}
+        for key, value in tree.items():
+            if isinstance(value, dict) and key != "weights":
+                flat.update(leaves(value, f"{prefix}{key}."))
+            else:
+                flat[f"{prefix}{key.removesuffix('_')}"] = value
+        return flat
+
+    old, new = leaves(asdict(saved)), leaves(asdict(current))
+    return [f"{key} {old.get(key)!r} -> {value!r}" for key, value in new.items()
+            if key not in _NOT_COMPARED and old.get(key) != value]
+
+
 def load_checkpoint(checkpoint: str | Path, model, optimizer=None, verified: bool = False,
                     group=None) -> dict:
     """Load model (and optimizer) state and the RNG states; returns the trainer state.
@@ -320,14 +362,16 @@ def load_checkpoint(checkpoint: str | Path, model, optimizer=None, verified: boo
     when the process group is up.
 
     Raises:
-        UserError: The checkpoint does not verify (names its first problem).
+        UserError: The checkpoint does not verify (names its first problem), or a pickle of
+            it names a global outside DCP's classes (``TamperedCheckpointError``).
     """
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (
         get_model_state_dict,
         set_model_state_dict,
         set_state_dict,
     )
+
+    from bloomline.trainer.checkpoint_metadata import dcp_load
 
     checkpoint = Path(checkpoint)
     if not verified:
@@ -340,8 +384,8 @@ def load_checkpoint(checkpoint: str | Path, model, optimizer=None, verified: boo
         state = {"model": get_model_state_dict(model)}
     else:
         state = saved_state_dict(model, optimizer)
-    with _quiet():
-        dcp.load(state, checkpoint_id=str(checkpoint))
+    with _quiet():  # DCP's pickles read with DCP's classes only (checkpoint_metadata.py)
+        dcp_load(state, checkpoint)
     trainer_state = json.loads((checkpoint / STATE_FILE).read_text())
     if optimizer is None:
         set_model_state_dict(model, state["model"])

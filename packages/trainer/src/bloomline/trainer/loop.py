@@ -52,6 +52,7 @@ from bloomline.trainer.metrics import (
 )
 from bloomline.trainer.model import build_model, padded_vocab_size
 from bloomline.trainer.model.linear import configure_cpu_fp32_matmul
+from bloomline.trainer.model_source import load_initial_weights, resolve_model_settings
 from bloomline.trainer.optim import build_optimizer, learning_rate
 from bloomline.trainer.parallel import (
     build_mesh,
@@ -127,6 +128,8 @@ class Trainer:
 
     def __init__(self, cfg: Config, log=print) -> None:
         rank, local_rank, world_size = world_info()
+        # the model's shape: the recipe's, the checkpoint's it resumes or the model it starts from
+        self.model_source = resolve_model_settings(cfg, log=log if rank == 0 else None)
         self.layout = resolve_layout(cfg, world_size, rank)
         validate(cfg, self.layout.dp)
         resolve_vocab(cfg)
@@ -164,6 +167,9 @@ class Trainer:
             from bloomline.trainer.parallel.data_parallel import shard_optimizer_state
 
             self.optimizer = shard_optimizer_state(self.optimizer, self.mesh["dp"])
+        # the config's hyper-parameters: a checkpoint's param groups must not replace them
+        self._hyperparameters = [{k: v for k, v in group.items() if k != "params"}
+                                 for group in self.optimizer.param_groups]
         self.precision = Precision(cfg.precision, self.device)
         self.run_dir = Path(cfg.train.run_dir)
         self.state = {"step": 0, "consumed_samples": 0, "consumed_tokens": 0,
@@ -323,27 +329,36 @@ class Trainer:
         return self.state["consumed_samples"], self.cfg.train.train_samples
 
     def resume(self) -> Path | None:
+        """Continue from a checkpoint of this run (``checkpoint.resume``) and return it; when
+        there is none, start, from ``checkpoint.init_from``'s weights if set."""
         setting = self.cfg.checkpoint.resume
-        if setting == "none":
-            return None
+        path = None
         if setting == "auto":
             path = ckpt.latest_checkpoint(self.run_dir, log=self.log)
-        else:
+        elif setting != "none":
             path = Path(setting)
+            if not path.is_dir():
+                raise UserError(f"checkpoint.resume {setting}: no such checkpoint folder")
         if path is None:
+            load_initial_weights(self.model, self.model_source)
             return None
-        if not path.is_dir():
-            raise UserError(f"checkpoint.resume {setting}: no such checkpoint folder")
-        self.load(path, verified=setting == "auto")
+        changed = ckpt.changed_settings(self.load(path, verified=setting == "auto"), self.cfg)
+        if changed:
+            self.log(f"resuming {path.name}: settings differ from the checkpoint's, this run's "
+                     f"values win: {'; '.join(changed)}")
         return path
 
-    def load(self, path: Path, verified: bool = False) -> None:
+    def load(self, path: Path, verified: bool = False) -> Config:
         """Model, optimizer, RNG and trainer state from the checkpoint ``path``;
         ``verified``: its manifest was just checked (by ``latest_checkpoint``), skip hashing
-        it a second time."""
+        it a second time. The optimizer keeps this run's hyper-parameters. Returns the config
+        the checkpoint was written with."""
         saved = ckpt.load_config_of(path, Config)
         ckpt.check_compatible(saved, self.cfg, path)
         self.state = ckpt.load_checkpoint(path, self.model, self.optimizer, verified=verified)
+        for group, settings in zip(self.optimizer.param_groups, self._hyperparameters,
+                                   strict=True):
+            group.update(settings)
         self.precision.load_state_dict(self.state.get("loss_scale", {}))
         self.guard.detector.load_state_dict(self.state.get("spike_history", {}))
         # the skips in force and the checkpoint's (at a rollback the former hold the latter).
@@ -352,6 +367,7 @@ class Trainer:
         # that read it would compute the range against other skips than the others (a hang)
         self.skips = SkipRanges([*self.skips.to_list(), *self.state.get("skip_samples", [])])
         self.state["skip_samples"] = self.skips.to_list()
+        return saved
 
     def _merge_skips(self) -> None:
         """The skips in force: the config's, the checkpoint's, and those of rollbacks after
@@ -422,11 +438,17 @@ class Trainer:
                                    machine_key(self.device, self.precision.dtype))
         self._run_info = {"parameters": cfg.model.num_parameters(), "device": str(self.device),
                           "layout": self.layout.describe(), "resumed_from": str(resumed or "")}
+        initialized = self.model_source.path if not resumed and self.model_source.kind == "init" \
+            else None
+        if initialized:
+            self._run_info["initialized_from"] = str(initialized)
         self._write_run_files()
         self.log(f"model: {self._run_info['parameters']:,} parameters; "
                  f"{self.layout.describe()}; device {self.device}; {self.precision.name}; "
                  f"matmul peak {self.peak.describe()}"
-                 + (f"; resumed from {resumed}" if resumed else ""))
+                 + (f"; resumed from {resumed}" if resumed else "")
+                 + (f"; weights from {initialized} ({self.model_source.format}), optimizer "
+                    "fresh, step 0" if initialized else ""))
         if self.skips:
             self.log(f"skipping train samples {self.skips.to_list()}")
         metrics = MetricsWriter(self.run_dir, cfg.monitor.tensorboard and self.is_main,

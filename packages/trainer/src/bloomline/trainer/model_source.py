@@ -1,0 +1,176 @@
+"""Where a run's model comes from before its first step: its recipe, a checkpoint it resumes,
+or an existing model it starts from (``checkpoint.init_from``).
+
+Two halves, around building the model:
+
+- :func:`resolve_model_settings` (before the model is built) decides the ``[model]`` section.
+  A run that resumes takes the architecture its checkpoint was trained with; a run that starts
+  from ``init_from`` takes the source's. The recipe keeps the fields that only say how to
+  compute (kernels, fp32 islands, dropout).
+- :func:`load_initial_weights` (after the model is built and parallelized, on every rank)
+  copies the source's weights into whatever layout this run has. Nothing else is taken from
+  the source: the optimizer starts empty (Adam's step 0, zero moments), the run at step 0 and
+  sample 0, as torchtitan's ``initial_load_path`` and Megatron's ``--finetune`` do.
+
+The source is a transformers BLOOM folder (``config.json`` + safetensors) or a bloomline
+checkpoint folder of any layout (DCP reshards it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    set_model_state_dict,
+)
+
+from bloomline.common.errors import UserError
+from bloomline.trainer import checkpoint as ckpt
+from bloomline.trainer.hf import HFInteropError, import_hf, model_config_from_bloom
+from bloomline.trainer.model.config import ModelConfig
+
+__all__ = ["ARCHITECTURE_FIELDS", "ModelSource", "load_initial_weights",
+           "resolve_model_settings"]
+
+# The fields that describe the weights: they come from the checkpoint or model a run starts
+# from. The other ModelConfig fields say how to compute with those weights and stay the
+# recipe's.
+ARCHITECTURE_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_heads",
+                       "ffn_hidden_size", "layernorm_epsilon", "init_std")
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """What the model settings were taken from. ``kind`` is ``resume`` (a checkpoint of this
+    run), ``init`` (``checkpoint.init_from``) or ``recipe``; ``format`` of an init source is
+    ``hf`` or ``bloomline``."""
+
+    kind: str
+    path: Path | None = None
+    format: str = ""
+
+
+def _source_format(path: Path) -> str:
+    """``hf`` or ``bloomline``, from the files the folder holds."""
+    if not path.is_dir():
+        raise UserError(f"checkpoint.init_from {path}: no such folder")
+    if (path / ckpt.CONFIG_FILE).is_file() and (path / ".metadata").is_file():
+        return "bloomline"
+    if (path / "config.json").is_file():
+        return "hf"
+    raise UserError(f"checkpoint.init_from {path}: neither a bloomline checkpoint "
+                    f"({ckpt.CONFIG_FILE} + .metadata) nor a transformers model folder "
+                    "(config.json)")
+
+
+def _source_model(path: Path, fmt: str, recipe: ModelConfig, config_cls: type) -> ModelConfig:
+    """The model settings a source holds, on top of the recipe's compute fields."""
+    if fmt == "hf":
+        config_path = path / "config.json"
+        try:
+            config = json.loads(config_path.read_text())
+        except json.JSONDecodeError as err:
+            raise UserError(f"{config_path}: not valid JSON ({err})") from None
+        if not isinstance(config, dict):
+            raise UserError(f"{config_path}: expected a JSON object")
+        try:
+            return model_config_from_bloom(config, recipe)
+        except HFInteropError as err:
+            raise HFInteropError(f"{config_path}: {err}") from None
+    return ckpt.load_config_of(path, config_cls).model
+
+
+def _resume_candidate(cfg) -> Path | None:
+    """The checkpoint a resume would start from, found without reading it: the newest
+    complete one of the run (``auto``; an older one may be used if it is damaged, but all of a
+    run's checkpoints share the model settings), the folder given, or None."""
+    setting = cfg.checkpoint.resume
+    if setting == "none":
+        return None
+    if setting == "auto":
+        found = ckpt.list_checkpoints(cfg.train.run_dir)
+        return found[-1] if found else None
+    path = Path(setting)
+    return path if (path / ckpt.CONFIG_FILE).is_file() else None
+
+
+def _adopt(recipe: ModelConfig, source: ModelConfig, explicit: Mapping[str, object],
+           where: str) -> ModelConfig:
+    """The recipe with the source's architecture fields; a command-line override of one of
+    those that says otherwise is an error naming both."""
+    for name in ARCHITECTURE_FIELDS:
+        key = f"model.{name}"
+        if key in explicit and explicit[key] != getattr(source, name):
+            raise UserError(f"{key} = {explicit[key]!r} contradicts {where}, which has "
+                            f"{getattr(source, name)!r}; drop the override (the model's "
+                            "shape comes from the model the run starts from)")
+    return dataclasses.replace(recipe, **{name: getattr(source, name)
+                                          for name in ARCHITECTURE_FIELDS})
+
+
+def resolve_model_settings(cfg, explicit: Mapping[str, object] | None = None,
+                           log: Callable[[str], object] | None = None) -> ModelSource:
+    """Settle ``cfg.model`` before the model is built (idempotent; every rank computes the
+    same from the same files).
+
+    - Resuming (``checkpoint.resume`` finds a checkpoint): ``checkpoint.init_from`` is
+      ignored. With ``init_from`` set the architecture is the checkpoint's (the run's model
+      never was the recipe's); with ``model.vocab_size = 0`` the checkpoint's padded
+      vocabulary is kept, so that a run resumed under another tensor-parallel size keeps the
+      rows it was trained with. Any other difference is refused when the checkpoint loads.
+    - Starting (``init_from`` set, nothing to resume): the source's architecture replaces
+      the recipe's.
+
+    Args:
+        cfg: the trainer config; ``cfg.model`` is replaced in place.
+        explicit: the ``model.*`` values given as command-line overrides; one that contradicts
+            the source is an error.
+        log: where the line saying ``init_from`` is ignored goes.
+    """
+    explicit = explicit or {}
+    init_from = cfg.checkpoint.init_from
+    resume_from = _resume_candidate(cfg)
+    if resume_from is not None:
+        if init_from or cfg.model.vocab_size == 0:
+            saved = ckpt.load_config_of(resume_from, type(cfg)).model
+            if init_from:
+                cfg.model = _adopt(cfg.model, saved, explicit, f"the checkpoint {resume_from}")
+                if log is not None:
+                    log(f"checkpoint.init_from {init_from}: ignored, the run folder has "
+                        f"checkpoints to resume ({resume_from.name})")
+            else:
+                cfg.model.vocab_size = saved.vocab_size
+        return ModelSource("resume", resume_from)
+    if not init_from:
+        return ModelSource("recipe")
+    path = Path(init_from)
+    fmt = _source_format(path)
+    cfg.model = _adopt(cfg.model, _source_model(path, fmt, cfg.model, type(cfg)), explicit,
+                       f"checkpoint.init_from {path}")
+    return ModelSource("init", path, fmt)
+
+
+def load_initial_weights(model, source: ModelSource, group=None) -> None:
+    """Copy the weights of an ``init`` source into ``model`` (this rank's part of it, in any
+    layout: tp/dp shards, a pipeline stage). Collective when the process group is up."""
+    if source.kind != "init":
+        return
+    if source.format == "bloomline":
+        ckpt.load_checkpoint(source.path, model, group=group)
+        return
+    _, full = import_hf(source.path)
+    # a pipeline stage holds some of the layers: give it those (under the single-process
+    # names the stage keeps); every name it holds must be in the source
+    wanted = get_model_state_dict(model).keys()
+    missing = sorted(set(wanted) - set(full))
+    if missing:
+        raise UserError(f"checkpoint.init_from {source.path}: no tensor for "
+                        f"{', '.join(missing[:3])}")
+    set_model_state_dict(model, {name: full[name] for name in wanted},
+                         options=StateDictOptions(full_state_dict=True))
