@@ -1,5 +1,5 @@
 """The trainer's commands end to end, as a user runs them after dataprep: pretrain, generate,
-export-hf, import-hf and a run that starts from the import."""
+export-hf and a run that starts from the export (``checkpoint.init_from``)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ TINY = ["model.hidden_size=32", "model.num_layers=2", "model.num_heads=4",
 
 
 @pytest.mark.slow
-def test_pretrain_generate_export_import_from_the_command_line(tmp_path):
+def test_pretrain_generate_export_and_continue_from_the_command_line(tmp_path):
     """Bug: a command that works from Python but not from the CLI (argument parsing, defaults,
     the checkpoint layout the next command expects), or an import whose run cannot train."""
     _run(BIN / "dataprep", "demo-corpus", "raw", "--size-mb", "0.3", cwd=tmp_path)
@@ -67,11 +67,10 @@ def test_pretrain_generate_export_import_from_the_command_line(tmp_path):
     config = json.loads((tmp_path / "hf/config.json").read_text())
     assert config["n_layer"] == 2 and (tmp_path / "hf/model.safetensors").is_file()
 
-    _run(BIN / "trainer", "import-hf", "hf", "imported", *TINY, *data, cwd=tmp_path)
-    assert (tmp_path / "imported/checkpoints/step_00000000").is_dir()
-    out = _run(BIN / "trainer", "pretrain", *TINY, *data, "train.run_dir=imported",
-               "train.train_samples=40", cwd=tmp_path)
-    assert "resumed from" in out and "step 5/5" in out
-    first = json.loads((tmp_path / "imported/metrics.jsonl").open().readline())
+    # continued pretraining from the export, as the README's "Start from a model" runs it
+    out = _run(BIN / "trainer", "pretrain", *TINY, *data, "train.run_dir=continued",
+               "checkpoint.init_from=hf", "train.train_samples=40", cwd=tmp_path)
+    assert "weights from hf (hf), optimizer fresh, step 0" in out and "step 5/5" in out
+    first = json.loads((tmp_path / "continued/metrics.jsonl").open().readline())
     # starts from the trained weights, not from a fresh init (whose loss is ~ln(512) = 6.2)
     assert first["loss"] < losses[0] - 0.3
