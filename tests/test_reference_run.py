@@ -87,11 +87,10 @@ class _Tokenizer:  # what GPTDatasetConfig needs of a tokenizer
 def _megatron_samples(gpt, prefix: Path, count: int) -> torch.Tensor:
     """The first ``count`` train samples ([count, L + 1]) as megatron-core's builder orders
     them for the run's split and seed."""
+    import torch.distributed as dist
     from megatron.core.datasets.blended_megatron_dataset_builder import (
         BlendedMegatronDatasetBuilder,
     )
-
-    import torch.distributed as dist
 
     with socket.socket() as sock:  # the builder asks torch.distributed for the rank
         sock.bind(("127.0.0.1", 0))
