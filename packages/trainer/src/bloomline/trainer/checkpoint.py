@@ -245,13 +245,18 @@ def save_checkpoint(run_dir: str | Path, step: int, model, optimizer, trainer_st
                     config, keep_last: int, is_writer: bool = True) -> Path:
     """Write checkpoint ``step`` (verified by its manifest) and prune to the newest
     ``keep_last``; returns its folder. Every rank calls it (DCP is collective); the training
-    stalls until the checkpoint is on disk (``AsyncCheckpointer`` does not)."""
+    stalls until the checkpoint is on disk (``AsyncCheckpointer`` does not). A save that
+    fails (a full disk) removes its partial folder and raises one ``UserError`` line
+    (``checkpoint_failure.py``)."""
     import torch.distributed.checkpoint as dcp
 
+    from bloomline.trainer.checkpoint_failure import failed_save
+
     pending = begin_save(run_dir, step, trainer_state, config, keep_last, is_writer)
-    with _quiet():
-        dcp.save(saved_state_dict(model, optimizer), checkpoint_id=str(pending.partial))
-    return finish_save(pending)
+    with failed_save(pending):
+        with _quiet():
+            dcp.save(saved_state_dict(model, optimizer), checkpoint_id=str(pending.partial))
+        return finish_save(pending)
 
 
 # -- finding -----------------------------------------------------------------------------------
@@ -294,12 +299,12 @@ def latest_checkpoint(run_dir: str | Path, before_step: int | None = None,
         torch.distributed.broadcast_object_list(
             box, src=torch.distributed.get_global_rank(group, 0) if group else 0, group=group)
         candidates = box[0]
-    for path in reversed(candidates):
+    for index, path in reversed(list(enumerate(candidates))):
         problems = verify_checkpoint(path, group)
         if not problems:
             return path
-        (log or _log_on_first_rank)(f"checkpoint {path}: damaged ({problems[0]}); falling "
-                                    "back to the previous one")
+        then = "falling back to the previous one" if index else "no older checkpoint"
+        (log or _log_on_first_rank)(f"checkpoint {path}: damaged ({problems[0]}); {then}")
     return None
 
 

@@ -7,7 +7,8 @@ is an unfinished save; a folder whose files disagree with it was damaged after s
 flipped bit, a truncated copy, a shard lost or swapped). ``verify_checkpoint`` checks all of
 it *before* anything is loaded, so that a bad checkpoint is refused with a line naming the
 file instead of failing (or, worse, loading garbage) deep inside DCP; and, since DCP unpickles
-``.metadata``, before any unpickling happens.
+``.metadata``, before any unpickling happens. Then it unpickles DCP's pickles as a load does,
+admitting only DCP's classes (``checkpoint_metadata.py``).
 
 Hashing a checkpoint of billions of parameters takes seconds per GB on one core; when the
 process group is up, every rank hashes a slice of the files (``sorted(files)[rank::world]``)
@@ -31,8 +32,8 @@ MANIFEST = "manifest.json"
 MANIFEST_VERSION = 1
 _FORMAT = "bloomline-checkpoint"
 _CHUNK = 8 << 20  # 8 MiB: large enough that hashlib (which releases the GIL) dominates
-# files every checkpoint has, and how to check that they parse; DCP's .metadata is not parsed
-# here on purpose: it is a pickle, and reading it is what the checksum has to come before
+# files every checkpoint has, and how to check that they parse; DCP's .metadata is a pickle,
+# read (restricted, checkpoint_metadata.py) only after the checksums agree
 _REQUIRED = ("trainer_state.json", "config.toml", "rng.json", ".metadata")
 
 
@@ -205,7 +206,9 @@ def verify_checkpoint(path: str | Path, group=None) -> list[str]:
     Reports, one line each naming the file: a missing or unparsable manifest, a listed file
     that is missing, of another size (truncated) or another sha256 (a flipped byte), a file
     present but not listed, and a ``trainer_state.json`` / ``config.toml`` / ``rng.json`` that
-    does not parse. Nothing is unpickled.
+    does not parse. Once all that is right (never before), DCP's ``.metadata`` and the
+    non-tensor values it indexes are unpickled the way a load does (``check_pickles``): one
+    that does not unpickle is a problem, one naming a global a load refuses an error.
 
     Collective when the process group is up: all ranks call it, each hashes a slice of the
     files, and all return the same list.
@@ -216,6 +219,10 @@ def verify_checkpoint(path: str | Path, group=None) -> list[str]:
 
     Returns:
         The problems, most telling first; empty when the checkpoint is intact.
+
+    Raises:
+        TamperedCheckpointError: A pickle names a global outside what DCP writes (no damage makes
+            one: nothing should fall back past such a checkpoint).
     """
     folder = Path(path)
     if not folder.is_dir():
@@ -245,6 +252,12 @@ def verify_checkpoint(path: str | Path, group=None) -> list[str]:
         elif result[1] != sha:
             problems.append(f"{name}: sha256 differs from the manifest's (content changed "
                             "after saving)")
+    if not problems:
+        # the files are the ones the manifest lists: only now are DCP's pickles read, as a
+        # load reads them (checkpoint_metadata.py: DCP's classes only, else refused)
+        from bloomline.trainer.checkpoint_metadata import check_pickles
+
+        problems += check_pickles(folder, set(listed))
     return problems
 
 
