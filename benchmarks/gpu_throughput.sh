@@ -73,6 +73,7 @@ for config in $CONFIGS; do
             train.run_dir="$run" train.global_batch_size="$gbs" \
             train.train_samples=$((STEPS * gbs)) train.log_interval="$LOG" \
             train.eval_interval=0 checkpoint.interval=0 checkpoint.resume=none \
+            schedule.warmup=0 \
             monitor.thermometer_interval=0 monitor.tensorboard=false \
             "$@" >"$run/train.log" 2>&1; then
         echo "$name: the run failed; the end of its log:"

@@ -62,7 +62,7 @@ def test_auto_precision_picks_bf16_only_where_it_is_fast(corpus, tmp_path, make_
     monkeypatch.setattr(precision, "fast_low_precision", lambda dtype, device: fast)
     lines = []
     cfg = make_config(corpus, tmp_path / "auto", precision={"dtype": "auto"},
-                      train={"train_samples": 4})
+                      train={"train_samples": 4}, schedule={"warmup": 4})
     trainer = Trainer(cfg, log=lines.append)
     want = "bf16" if fast else "fp32"
     assert trainer.precision.name == want and cfg.precision.dtype == want

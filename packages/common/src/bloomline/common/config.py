@@ -6,6 +6,13 @@ for ``--help``. :func:`load_config` merges, in order: the defaults, a TOML file,
 ``section.key=value`` overrides, checking every key and value against the declared types. An
 unknown key names the closest valid one; a bad value names the field and the file or flag it
 came from.
+
+A field's allowed values are declared with it, ``lr: float = ranged(3e-4, gt=0)`` (bounds, or
+``choices``), and checked for every value merged in (:func:`load_config`,
+:func:`config_from_dict`) and, for a tree built in code, by :func:`check_ranges`. Whatever the
+declaration, a float must be finite (nan and inf are refused unless the field says
+``nonfinite=True``) and an integer must fit in 64 bits; for a list or table field the range
+holds for each number or string in it.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import functools
 import inspect
 import json
 import keyword
+import math
 import textwrap
 import tomllib
 import types
@@ -26,9 +34,156 @@ from typing import Any, TypeVar
 
 from bloomline.common.errors import UserError
 
-__all__ = ["config_to_dict", "field_docs", "load_config", "to_toml", "config_from_dict"]
+__all__ = ["Range", "check_ranges", "config_from_dict", "config_to_dict", "field_docs",
+           "field_range", "load_config", "ranged", "to_toml"]
 
 C = TypeVar("C")
+
+RANGE = "range"  # the dataclasses.field metadata key of a field's Range
+_INT64 = (-2**63, 2**63 - 1)
+
+
+def _number(value: Any) -> str:
+    """A bound as the messages write it: 2**40, 2**32 - 1 and 1e8 rather than their digits."""
+    if isinstance(value, float) and value.is_integer() and abs(value) >= 2**16:
+        exact = _number(int(value))
+        if "*" in exact:
+            return exact
+        mantissa, exponent = f"{value:e}".split("e")
+        return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
+    if isinstance(value, int) and abs(value) >= 2**16:
+        for exponent in range(16, 65):
+            if abs(value) == 2**exponent:
+                return f"{'-' if value < 0 else ''}2**{exponent}"
+            if value == 2**exponent - 1:
+                return f"2**{exponent} - 1"
+    return repr(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class Range:
+    """The values a config field allows: bounds (``ge``/``gt`` below, ``le``/``lt`` above), or
+    ``choices``. ``nonfinite``: a float field that also takes nan and inf."""
+
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    lt: float | None = None
+    choices: tuple | None = None
+    nonfinite: bool = False
+
+    def __post_init__(self) -> None:
+        if self.ge is not None and self.gt is not None or (
+                self.le is not None and self.lt is not None):
+            raise TypeError("a range takes one lower bound (ge or gt) and one upper (le or lt)")
+        if self.choices is not None and any(
+                bound is not None for bound in (self.ge, self.gt, self.le, self.lt)):
+            raise TypeError("a range takes either choices or bounds")
+
+    def describe(self) -> str:
+        """``> 0``, ``in [0, 1)``, ``one of adamw, lamb``: what the messages and the help say."""
+        if self.choices is not None:
+            return "one of " + ", ".join(str(choice) for choice in self.choices)
+        low = (("[", self.ge) if self.ge is not None
+               else ("(", self.gt) if self.gt is not None else None)
+        high = (("]", self.le) if self.le is not None
+                else (")", self.lt) if self.lt is not None else None)
+        if low and high:
+            return f"in {low[0]}{_number(low[1])}, {_number(high[1])}{high[0]}"
+        if low:
+            return f"{'>=' if low[0] == '[' else '>'} {_number(low[1])}"
+        if high:
+            return f"{'<=' if high[0] == ']' else '<'} {_number(high[1])}"
+        return "any value"
+
+    def problem(self, value: Any) -> str | None:
+        """Why ``value`` (a coerced scalar) is not allowed, or None when it is."""
+        if self.choices is not None:
+            if value in self.choices:
+                return None
+            return "expected one of " + ", ".join(str(choice) for choice in self.choices)
+        if not isinstance(value, int | float):
+            return None
+        if isinstance(value, float) and not math.isfinite(value):
+            if not self.nonfinite:
+                return "not a finite number" + self._must("; must be {}")
+            if math.isnan(value):
+                return None
+        if (self.ge is not None and not value >= self.ge
+                or self.gt is not None and not value > self.gt
+                or self.le is not None and not value <= self.le
+                or self.lt is not None and not value < self.lt):
+            return f"must be {self.describe()}"
+        if isinstance(value, int) and not _INT64[0] <= value <= _INT64[1]:
+            return "does not fit in a 64-bit integer" + self._must(" (must be {})")
+        return None
+
+    def _must(self, template: str) -> str:
+        """``template`` with the range, or nothing for a field that declares none."""
+        described = self.describe()
+        return template.format(described) if described != "any value" else ""
+
+
+_ANY = Range()  # the checks every field gets: finite floats, 64-bit integers
+
+
+def ranged(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING,
+           ge: float | None = None, gt: float | None = None, le: float | None = None,
+           lt: float | None = None, choices: typing.Iterable | None = None,
+           nonfinite: bool = False) -> Any:
+    """A dataclass field with its allowed values: ``lr: float = ranged(3e-4, gt=0)``,
+    ``name: str = ranged("adamw", choices=("adamw", "lamb"))``. For a list or table field the
+    range holds for each item (``ranged(default_factory=list, ge=0)``)."""
+    rng = Range(ge=ge, gt=gt, le=le, lt=lt,
+                choices=tuple(choices) if choices is not None else None, nonfinite=nonfinite)
+    return dataclasses.field(default=default, default_factory=default_factory,
+                             metadata={RANGE: rng})
+
+
+def field_range(field: dataclasses.Field) -> Range | None:
+    """The Range a field was declared with (None: none declared)."""
+    return field.metadata.get(RANGE)
+
+
+@functools.cache
+def _ranges(cls: type) -> dict[str, Range]:
+    """``{config key: Range}`` of the fields of ``cls`` (the common checks where none is
+    declared)."""
+    return {_key(field.name): field_range(field) or _ANY for field in dataclasses.fields(cls)}
+
+
+def _check_value(value: Any, rng: Range, key: str, where: str, shown: Any = None) -> None:
+    """A UserError naming ``key``, ``value`` and the range when a scalar is out of it;
+    ``shown``: the value as the user wrote it (1e30 rather than its integer's digits)."""
+    problem = rng.problem(value)
+    if problem is not None:
+        prefix = f"{where}: " if where else ""
+        raise UserError(f"{prefix}{key} = {value if shown is None else shown!r}: {problem}")
+
+
+def _check_tree(value: Any, rng: Range, key: str, where: str) -> None:
+    if isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            _check_tree(item, rng, f"{key}[{index}]", where)
+    elif isinstance(value, dict):
+        for name, item in value.items():
+            _check_tree(item, rng, f"{key}.{name}", where)
+    elif value is not None and not isinstance(value, bool):
+        _check_value(value, rng, key, where)
+
+
+def check_ranges(config: Any, where: str = "", prefix: str = "") -> None:
+    """Every field of the dataclass tree ``config`` within its declared range (and finite,
+    and within 64 bits): for a tree built or changed in code, which :func:`load_config`
+    did not see. Raises a UserError naming the first field that is not."""
+    ranges = _ranges(type(config))
+    for field in dataclasses.fields(config):
+        value = getattr(config, field.name)
+        key = f"{prefix}{_key(field.name)}"
+        if dataclasses.is_dataclass(value):
+            check_ranges(value, where, f"{key}.")
+        else:
+            _check_tree(value, ranges[_key(field.name)], key, where)
 
 
 def _hints(cls: type) -> dict[str, Any]:
@@ -62,8 +217,9 @@ def _unknown(key: str, root: type, where: str) -> UserError:
     return UserError(f"{where}: unknown config key {key}{hint}")
 
 
-def _coerce(value: Any, hint: Any, key: str, where: str) -> Any:
-    """``value`` as the declared type ``hint``, or a UserError naming the field."""
+def _coerce(value: Any, hint: Any, key: str, where: str, rng: Range = _ANY) -> Any:
+    """``value`` as the declared type ``hint`` and within ``rng`` (for a list or table: each
+    item), or a UserError naming the field."""
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
@@ -72,7 +228,7 @@ def _coerce(value: Any, hint: Any, key: str, where: str) -> Any:
         errors = []
         for arg in (a for a in args if a is not type(None)):
             try:
-                return _coerce(value, arg, key, where)
+                return _coerce(value, arg, key, where, rng)
             except UserError as err:
                 errors.append(err)
         raise errors[0]
@@ -80,11 +236,12 @@ def _coerce(value: Any, hint: Any, key: str, where: str) -> Any:
         if not isinstance(value, list | tuple):
             raise UserError(f"{where}: {key} = {value!r}: expected a list")
         item = args[0] if args else Any
-        return [_coerce(v, item, f"{key}[{i}]", where) for i, v in enumerate(value)]
+        return [_coerce(v, item, f"{key}[{i}]", where, rng) for i, v in enumerate(value)]
     if origin is dict:
         if not isinstance(value, dict):
             raise UserError(f"{where}: {key} = {value!r}: expected a table")
-        return {str(k): _coerce(v, args[1], f"{key}.{k}", where) for k, v in value.items()}
+        return {str(k): _coerce(v, args[1], f"{key}.{k}", where, rng)
+                for k, v in value.items()}
     if hint is Any:
         return value
     if hint is bool:
@@ -93,23 +250,32 @@ def _coerce(value: Any, hint: Any, key: str, where: str) -> Any:
         raise UserError(f"{where}: {key} = {value!r}: expected true or false")
     if hint is int:
         if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)  # 1e6 in TOML or on the command line
-        raise UserError(f"{where}: {key} = {value!r}: expected an integer")
-    if hint is float:
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value)
-        raise UserError(f"{where}: {key} = {value!r}: expected a number")
-    if hint is str:
-        if isinstance(value, str):
-            return value
-        raise UserError(f"{where}: {key} = {value!r}: expected a string")
-    raise TypeError(f"config field {key}: unsupported type {hint!r}")
+            coerced = value
+        elif isinstance(value, float) and value.is_integer():
+            coerced = int(value)  # 1e6 in TOML or on the command line
+        else:
+            raise UserError(f"{where}: {key} = {value!r}: expected an integer")
+    elif hint is float:
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            raise UserError(f"{where}: {key} = {value!r}: expected a number")
+        try:
+            coerced = float(value)
+        except OverflowError:  # an integer beyond any float
+            raise UserError(f"{where}: {key} = {value!r}: not a finite number; must be "
+                            f"{rng.describe()}") from None
+    elif hint is str:
+        if not isinstance(value, str):
+            raise UserError(f"{where}: {key} = {value!r}: expected a string")
+        coerced = value
+    else:
+        raise TypeError(f"config field {key}: unsupported type {hint!r}")
+    _check_value(coerced, rng, key, where, shown=value)
+    return coerced
 
 
 def _merge(instance: Any, table: dict, root: type, where: str, prefix: str = "") -> None:
     hints = _hints(type(instance))
+    ranges = _ranges(type(instance))
     for name, value in table.items():
         key = f"{prefix}{name}"
         if name not in hints:
@@ -121,7 +287,7 @@ def _merge(instance: Any, table: dict, root: type, where: str, prefix: str = "")
                                 f"{key}.FIELD=VALUE")
             _merge(getattr(instance, name), value, root, where, f"{key}.")
         else:
-            setattr(instance, _attribute(name), _coerce(value, hint, key, where))
+            setattr(instance, _attribute(name), _coerce(value, hint, key, where, ranges[name]))
 
 
 def _parse_override(text: str) -> tuple[list[str], Any]:
@@ -142,7 +308,8 @@ def load_config(cls: type[C], path: str | Path | None = None,
 
     Raises:
         UserError: unreadable/invalid TOML (with its line), an unknown key (with the closest
-            valid one), a value of the wrong type (naming the field and where it came from).
+            valid one), a value of the wrong type or out of its field's range (naming the
+            field, the range and where the value came from).
     """
     config = cls()
     if path is not None:
@@ -228,7 +395,8 @@ def to_toml(config: Any) -> str:
 
 @functools.cache
 def field_docs(cls: type) -> dict[str, str]:
-    """``{field: docstring}`` from the string literals written under each field."""
+    """``{field: docstring}`` from the string literals written under each field, each ending
+    with the field's declared range (``Allowed: > 0.``)."""
     docs: dict[str, str] = {}
     for klass in reversed(cls.__mro__):
         if not dataclasses.is_dataclass(klass):
@@ -244,4 +412,9 @@ def field_docs(cls: type) -> dict[str, str]:
                     and isinstance(following.value, ast.Constant)
                     and isinstance(following.value.value, str)):
                 docs[_key(node.target.id)] = " ".join(following.value.value.split())
+    if dataclasses.is_dataclass(cls):
+        for field in dataclasses.fields(cls):
+            rng, key = field_range(field), _key(field.name)
+            if rng is not None and key in docs:
+                docs[key] += f" Allowed: {rng.describe()}."
     return docs

@@ -1,4 +1,4 @@
-"""``trainer``: pretrain, generate, export-hf, import-hf, verify-checkpoint, evaluate."""
+"""``trainer``: pretrain, generate, export-hf, verify-checkpoint, evaluate."""
 
 from __future__ import annotations
 
@@ -39,10 +39,11 @@ def pretrain(
     if max_restarts < 0:
         raise UserError(f"--max-restarts {max_restarts}: must be 0 or more")
     if max_restarts:
-        _check_restartable(config, resume, overrides, max_restarts)
         nproc = nproc or 1  # restarts need torchrun's agent to watch the process
     if nproc:
         from bloomline.trainer.parallel.launch import launch
+
+        _check_before_launch(config, resume, overrides, nproc, nnodes, max_restarts)
 
         forwarded = ([f"--config={config}"] if config is not None else []) + (
             [f"--resume={resume}"] if resume is not None else []) + overrides
@@ -67,19 +68,25 @@ def pretrain(
         exit_preempted()
 
 
-def _check_restartable(config: str | None, resume: str | None, overrides: list[str],
-                       max_restarts: int) -> None:
-    """Every restart runs the same command: only ``checkpoint.resume=auto`` continues from the
-    newest checkpoint. A fixed folder would start each restart from that folder again (and
-    ``none`` from scratch), throwing away the steps since, so the combination is refused
-    rather than converted: "PATH, then auto" would be a third meaning of the setting, and
-    "auto" alone ignores PATH while the run folder has no checkpoint yet. Loading the config
-    here also reports its errors once, before the processes start and restart on them."""
-    from bloomline.trainer.config import load_trainer_config
+def _check_before_launch(config: str | None, resume: str | None, overrides: list[str],
+                         nproc: int, nnodes: int, max_restarts: int) -> None:
+    """The launcher loads and validates the config (every field's range, the rules between
+    fields, the layout of ``nproc`` x ``nnodes`` processes) before it starts any: an error is
+    printed once, by this process, instead of by every rank (and again at every restart).
 
-    setting = load_trainer_config(config, overrides + (
-        [f"checkpoint.resume={resume}"] if resume is not None else [])).checkpoint.resume
-    if setting != "auto":
+    With restarts: every restart runs the same command, and only ``checkpoint.resume=auto``
+    continues from the newest checkpoint. A fixed folder would start each restart from that
+    folder again (and ``none`` from scratch), throwing away the steps since, so the
+    combination is refused rather than converted: "PATH, then auto" would be a third meaning
+    of the setting, and "auto" alone ignores PATH while the run folder has no checkpoint yet."""
+    from bloomline.trainer.config import load_trainer_config, parallel_sizes
+
+    cfg = load_trainer_config(config, overrides + (
+        [f"checkpoint.resume={resume}"] if resume is not None else []))
+    if nproc >= 1 and nnodes >= 1:  # else launch() names the bad flag
+        parallel_sizes(cfg, nproc * nnodes)
+    setting = cfg.checkpoint.resume
+    if max_restarts and setting != "auto":
         start = "scratch" if setting == "none" else setting
         raise UserError(f"--max-restarts {max_restarts} with checkpoint.resume {setting}: every "
                         f"restart would start again from {start}; use --resume auto (run once "
@@ -155,40 +162,13 @@ def export_hf_command(
                    f"{', '.join(files)})")
 
 
-@app.command("import-hf", context_settings={"allow_extra_args": True,
-                                            "ignore_unknown_options": True})
-def import_hf_command(
-    ctx: typer.Context,
-    hf_dir: str = typer.Argument(..., help="A transformers BLOOM folder."),
-    run_dir: str = typer.Argument(..., help="Run folder to start from: a step-0 checkpoint is "
-                                  "written there, then `trainer pretrain train.run_dir=RUN`."),
-    config: str = typer.Option(None, help="TOML recipe for the rest of the run's settings."),
-) -> None:
-    """Start a run from a transformers BLOOM checkpoint (its model settings replace the
-    recipe's). Extra arguments override the recipe as in pretrain: give the data settings the
-    run will use (the checkpoint records them and a resume checks them)."""
-    import torch
-
-    from bloomline.trainer.config import load_trainer_config
-    from bloomline.trainer.hf import import_hf
-    from bloomline.trainer.loop import Trainer
-
-    model_cfg, state = import_hf(hf_dir)
-    cfg = load_trainer_config(config, [*ctx.args, f"train.run_dir={run_dir}",
-                                       "checkpoint.resume=none"])
-    cfg.model = model_cfg
-    trainer = Trainer(cfg)
-    with torch.no_grad():
-        trainer.model.load_state_dict(state, strict=True)
-    typer.echo(f"checkpoint: {trainer.save()}")
-
-
 @app.command("verify-checkpoint")
 def verify_checkpoint_command(
     checkpoint: str = typer.Argument(..., help="A checkpoint folder (RUN/checkpoints/step_N)."),
 ) -> None:
-    """Check a checkpoint against its manifest (sizes, sha256, parsable state files) without
-    loading it. Exit 0 when intact; 1 with one line per problem otherwise."""
+    """Check a checkpoint against its manifest (sizes, sha256, parsable state files), then
+    read DCP's pickles as a load would (DCP's classes only) without loading the model. Exit 0
+    when intact; 1 with one line per problem (or the refused pickle) otherwise."""
     from bloomline.trainer.checkpoint_manifest import describe_checkpoint, verify_checkpoint
 
     problems = verify_checkpoint(checkpoint)
@@ -224,10 +204,24 @@ def evaluate_command(
     typer.echo(result.table())
 
 
-def main() -> None:
-    if "TORCHELASTIC_ERROR_FILE" in os.environ:  # a torchrun worker: tell the launcher too
-        from bloomline.trainer.parallel.launch import report_user_errors
+# the most the interpreter may take to exit once a command is done (joining threads, atexit)
+EXIT_DEADLINE_SECONDS = 30.0
 
-        exit_on_user_error(lambda: report_user_errors(app))
-    else:
-        exit_on_user_error(app)
+
+def main() -> None:
+    """The process's entry point. Whatever the command's outcome, the process then ends
+    within ``EXIT_DEADLINE_SECONDS``: a thread or child that would keep it alive past that
+    (a bug: the loop stops its loader workers and waits for its saves) gets every thread's
+    stack dumped to stderr and the process ends with exit code 1, instead of a job that
+    printed its error and hangs until its time limit."""
+    try:
+        if "TORCHELASTIC_ERROR_FILE" in os.environ:  # a torchrun worker: tell the launcher too
+            from bloomline.trainer.parallel.launch import report_user_errors
+
+            exit_on_user_error(lambda: report_user_errors(app))
+        else:
+            exit_on_user_error(app)
+    finally:
+        import faulthandler
+
+        faulthandler.dump_traceback_later(EXIT_DEADLINE_SECONDS, exit=True)

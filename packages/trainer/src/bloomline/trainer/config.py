@@ -7,18 +7,20 @@ and the curriculum count in samples or tokens (``schedule.unit``).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bloomline.common.config import load_config
+from bloomline.common.config import check_ranges, load_config, ranged
 from bloomline.common.errors import UserError
 from bloomline.trainer.model.config import ModelConfig
 from bloomline.trainer.model.linear import CPU_FP32_MATMUL_CHOICES
+from bloomline.trainer.model_source import resolve_model_settings
 
 __all__ = ["Config", "DataConfig", "TrainConfig", "PrecisionConfig", "OptimizerConfig",
            "ScheduleConfig", "CurriculumConfig", "CheckpointConfig", "MonitorConfig",
            "SpikeConfig", "WatchdogConfig", "ParallelConfig",
-           "load_trainer_config"]
+           "load_trainer_config", "parallel_sizes", "validate"]
 
 
 @dataclass
@@ -32,53 +34,55 @@ class DataConfig:
     eod_token: str = ""
     """The token that ends documents, when the tokenizer does not say (as dataprep tokenize
     --eod-token); empty: the tokenizer's own (eos, or a well-known end-of-text token)."""
-    seq_length: int = 2048
+    seq_length: int = ranged(2048, ge=1, le=2**20)
     """L of the sample index: samples hold L + 1 tokens. Training uses up to this length."""
     split: str = "969,30,1"
     """train,valid,test shares of each dataset (Megatron's --split)."""
-    weights: dict[str, float] = field(default_factory=dict)
-    """Blend weight per dataset name; empty: by size, one epoch each (see build-index)."""
-    seed: int = 1234
-    """Seed of the sample shuffles (Megatron's --seed)."""
+    weights: dict[str, float] = ranged(default_factory=dict, ge=0)
+    """Blend weight per dataset name (not all 0); empty: by size, one epoch each (see
+    build-index)."""
+    seed: int = ranged(1234, ge=0, le=2**32 - 1)
+    """Seed of the sample shuffles (Megatron's --seed; numpy's RandomState takes 32 bits)."""
     cache_dir: str = ""
     """Index cache; empty: CORPUS/.index."""
-    num_workers: int = 2
+    num_workers: int = ranged(2, ge=0)
     """DataLoader worker processes (0: load in the training process)."""
-    prefetch_factor: int = 4
-    """Batches each worker prepares ahead."""
+    prefetch_factor: int = ranged(4, ge=1)
+    """Batches each worker prepares ahead (unused with num_workers 0)."""
 
 
 @dataclass
 class TrainConfig:
-    micro_batch_size: int = 4
+    micro_batch_size: int = ranged(4, ge=1)
     """Samples per forward/backward on one data-parallel rank."""
-    global_batch_size: int = 32
+    global_batch_size: int = ranged(32, ge=1)
     """Samples per optimizer step over all ranks: micro x data-parallel x accumulation."""
-    rampup_batch_size: list[int] = field(default_factory=list)
+    rampup_batch_size: list[int] = ranged(default_factory=list, ge=0)
     """Megatron's batch-size rampup [start, increment, samples]: the global batch grows
     from start by increment, evenly over that many samples. Empty: off."""
-    train_samples: int = 100_000
-    """Training length in samples (Megatron's --train-samples)."""
-    seed: int = 1234
+    train_samples: int = ranged(100_000, ge=1, le=2**40)
+    """Training length in samples (Megatron's --train-samples). At most 2**40, so that the
+    token counts (samples x data.seq_length) stay within 64 bits."""
+    seed: int = ranged(1234, ge=0, le=2**32 - 1)
     """Seed of the weight init and dropout."""
-    eval_interval: int = 100
+    eval_interval: int = ranged(100, ge=0)
     """Evaluate on the valid split every this many steps (0: never)."""
-    eval_samples: int = 256
+    eval_samples: int = ranged(256, ge=1)
     """Valid samples per evaluation (the same ones every time); with several datasets, the
     blend's and, for each dataset's own valid loss, that many of its own valid split."""
-    log_interval: int = 10
-    """A console line and a metrics record every this many steps."""
-    exit_interval: int = 0
+    log_interval: int = ranged(10, ge=1)
+    """A console line and a metrics record every this many steps (and at the last step)."""
+    exit_interval: int = ranged(0, ge=0)
     """Stop (after a checkpoint) once this process has run this many steps; 0: run to the end
     (Megatron's --exit-interval, for job time limits)."""
-    max_bad_steps: int = 5
+    max_bad_steps: int = ranged(5, ge=0)
     """Stop after this many consecutive steps with a NaN/inf loss or gradient (each skipped)
     that no rollback could undo (no checkpoint to go back to, or spike.enabled false)."""
-    skip_samples: list[list[int]] = field(default_factory=list)
+    skip_samples: list[list[int]] = ranged(default_factory=list, ge=0)
     """Train samples never to train on, as [[start, end], ...] ranges (end excluded) of
     positions in the train split's order (the consumed_samples counter): BLOOM's hand-skipped
     batches. The run's rollbacks add theirs to this list (kept in the checkpoints)."""
-    max_wallclock: float = 0.0
+    max_wallclock: float = ranged(0.0, ge=0)
     """Seconds this process may run: before they are up (keeping room for a step and a
     checkpoint), save and exit with code 75 for the scheduler to requeue. 0: no limit."""
     run_dir: str = "runs/default"
@@ -86,58 +90,61 @@ class TrainConfig:
     compile: bool = False
     """torch.compile the model."""
     device: str = "auto"
-    """cpu, cuda, or auto (cuda when available)."""
+    """cpu, cuda (this process's GPU), cuda:N, or auto (cuda when available)."""
     profile_steps: str = ""
     """A:B writes a torch.profiler trace of steps A..B-1 into RUN/profile."""
     tune_malloc: bool = True
     """Keep large host tensors in glibc's heap instead of fresh mmaps (see trainer/host.py):
     up to 1.2x faster CPU steps. Off: the allocator's defaults."""
-    cpu_fp32_matmul: str = "auto"
+    cpu_fp32_matmul: str = ranged("auto", choices=CPU_FP32_MATMUL_CHOICES)
     """Kernels of fp32 linear layers on CPU: aten (MKL), onednn, or auto (oneDNN on AMD CPUs,
     where it is ~10% faster, else ATen; see trainer/model/linear.py)."""
 
 
 @dataclass
 class PrecisionConfig:
-    dtype: str = "bf16"
+    dtype: str = ranged("bf16", choices=("bf16", "fp16", "fp32", "auto"))
     """bf16 (bf16 compute, fp32 master weights and gradient accumulation), fp16 (with dynamic
     loss scaling), fp32, or auto (bf16 where the device computes it natively, else fp32; the
     run's config.toml records the choice)."""
-    initial_loss_scale: float = 65536.0
+    initial_loss_scale: float = ranged(65536.0, gt=0, le=2.0**64)
     """fp16: starting loss scale."""
-    loss_scale_window: int = 1000
+    loss_scale_window: int = ranged(1000, ge=1)
     """fp16: steps without overflow before the scale doubles."""
 
 
 @dataclass
 class OptimizerConfig:
-    name: str = "adamw"
+    name: str = ranged("adamw", choices=("adamw", "lamb"))
     """adamw or lamb."""
-    lr: float = 3e-4
+    lr: float = ranged(3e-4, gt=0)
     """Peak learning rate."""
-    min_lr: float = 3e-5
-    """Learning rate at the end of the decay."""
-    beta1: float = 0.9
+    min_lr: float = ranged(3e-5, ge=0)
+    """Learning rate at the end of the decay; at most optimizer.lr."""
+    beta1: float = ranged(0.9, ge=0, lt=1)
     """Adam beta1."""
-    beta2: float = 0.95
+    beta2: float = ranged(0.95, ge=0, lt=1)
     """Adam beta2."""
-    eps: float = 1e-8
+    eps: float = ranged(1e-8, gt=0)
     """Adam epsilon."""
-    weight_decay: float = 0.1
+    weight_decay: float = ranged(0.1, ge=0)
     """Decoupled weight decay; never applied to biases and LayerNorm parameters."""
-    clip_grad: float = 1.0
+    clip_grad: float = ranged(1.0, ge=0)
     """Clip the global gradient norm to this (0: off)."""
 
 
 @dataclass
 class ScheduleConfig:
-    unit: str = "samples"
-    """What warmup and decay count: samples or tokens."""
-    warmup: int = 1000
-    """Linear warmup length (in unit)."""
-    decay: int = 0
-    """Decay length after warmup (in unit); 0: to the end of training."""
-    style: str = "cosine"
+    unit: str = ranged("samples", choices=("samples", "tokens"))
+    """What warmup and decay count: samples or tokens (train.train_samples x data.seq_length
+    in a run)."""
+    warmup: int = ranged(1000, ge=0)
+    """Linear warmup length (in unit); not longer than the run."""
+    decay: int = ranged(0, ge=0)
+    """Decay length after warmup (in unit); 0: to the end of training. It may run past the
+    end (BLOOM decayed over more samples than it trained on): the LR then stops above
+    optimizer.min_lr."""
+    style: str = ranged("cosine", choices=("cosine", "linear", "constant"))
     """cosine, linear or constant."""
 
 
@@ -145,23 +152,28 @@ class ScheduleConfig:
 class CurriculumConfig:
     seqlen_warmup: bool = False
     """DeepSpeed's sequence-length warmup: train on truncated samples first."""
-    start_seq_length: int = 64
-    """Sequence length at the start of the warmup."""
-    seq_length_step: int = 8
+    start_seq_length: int = ranged(64, ge=1)
+    """Sequence length at the start of the warmup; at most data.seq_length."""
+    seq_length_step: int = ranged(8, ge=1)
     """The length is rounded down to a multiple of this."""
-    warmup_tokens: int = 0
+    warmup_tokens: int = ranged(0, ge=0)
     """Tokens over which the length grows linearly to data.seq_length."""
 
 
 @dataclass
 class CheckpointConfig:
-    interval: int = 1000
+    interval: int = ranged(1000, ge=0)
     """Save every this many steps (and at the end); 0: only at the end."""
-    keep_last: int = 3
-    """Complete checkpoints kept; older ones are deleted."""
+    keep_last: int = ranged(3, ge=0)
+    """Complete checkpoints kept; older ones are deleted. 0: keep all."""
     resume: str = "auto"
     """auto (newest checkpoint of the run whose manifest verifies, if any), none, or a
     checkpoint folder."""
+    init_from: str = ""
+    """Start a new run from a model: a transformers BLOOM folder or a bloomline checkpoint
+    (any layout). Weights only: its model settings replace the recipe's [model], the optimizer
+    starts fresh at step 0 and the samples from the start. Ignored once the run folder holds a
+    checkpoint (the run then resumes from it)."""
     async_: bool = False
     """Write checkpoints in the background (DCP async save): training goes on after the state
     is copied to host memory; the checkpoint counts once its manifest is written."""
@@ -172,23 +184,24 @@ class SpikeConfig:
     enabled: bool = True
     """Detect loss spikes and non-finite losses; roll back to the newest good checkpoint
     before the spike and skip the batches around it."""
-    window: int = 100
+    window: int = ranged(100, ge=1)
     """Steps in the running baseline (median and MAD of the loss and gradient norm)."""
-    min_history: int = 20
-    """Steps needed in the baseline before a finite value can count as a spike."""
-    zscore: float = 6.0
+    min_history: int = ranged(20, ge=1)
+    """Steps needed in the baseline before a finite value can count as a spike; at most
+    spike.window."""
+    zscore: float = ranged(6.0, ge=0)
     """A spike lies this many robust deviations (1.4826 x MAD) above the median..."""
-    loss_rise: float = 0.2
+    loss_rise: float = ranged(0.2, ge=0)
     """...and, for the loss, at least this fraction above the median (both must hold)."""
-    grad_norm_factor: float = 10.0
+    grad_norm_factor: float = ranged(10.0, ge=0)
     """...and, for the gradient norm, at least this many times the median (0: ignore the
     gradient norm; clipping absorbs most of its spikes)."""
-    skip_before: int = 100
+    skip_before: int = ranged(100, ge=0)
     """Batches before the spike step to skip after the rollback (not before the checkpoint
     rolled back to: those are in its weights already)."""
-    skip_after: int = 100
+    skip_after: int = ranged(100, ge=0)
     """Batches after the spike step to skip as well (PaLM skipped 200-500 around a spike)."""
-    max_rollbacks: int = 5
+    max_rollbacks: int = ranged(5, ge=0)
     """Stop, with the reason, instead of rolling back more than this many times in a run."""
 
 
@@ -197,22 +210,23 @@ class WatchdogConfig:
     enabled: bool = True
     """Dump every thread's Python stack to RUN/watchdog/rank_R.txt and exit 1 when a step,
     an evaluation or a checkpoint hangs (a stuck collective, a dead file system)."""
-    factor: float = 20.0
+    factor: float = ranged(20.0, gt=0, le=1000)
     """A step hangs when it takes more than this many times the median step time..."""
-    floor_seconds: float = 600.0
+    floor_seconds: float = ranged(600.0, gt=0, le=1e8)
     """...and more than this many seconds."""
-    startup_seconds: float = 1800.0
-    """Limit for the first steps (compilation, warm-up), evaluations and checkpoints."""
+    startup_seconds: float = ranged(1800.0, gt=0, le=1e8)
+    """Limit for the first steps (compilation, warm-up), evaluations and checkpoints. The
+    limits are timers: to have none, set watchdog.enabled false."""
 
 
 @dataclass
 class MonitorConfig:
     tensorboard: bool = True
     """Write TensorBoard event files into RUN/tensorboard."""
-    thermometer_interval: int = 100
+    thermometer_interval: int = ranged(100, ge=0)
     """Per-layer max attention logit / activations / grad norms every this many steps
     (0: off)."""
-    peak_flops: float = 0.0
+    peak_flops: float = ranged(0.0, ge=0)
     """Matmul peak of one device in FLOP/s, what MFU divides by. 0: a known GPU's dense bf16
     peak, else measured at start-up (best of several tries, before the loader workers start)
     and cached per machine and dtype in RUN/peak_flops.json, measured again if a step beats
@@ -221,30 +235,30 @@ class MonitorConfig:
 
 @dataclass
 class ParallelConfig:
-    tensor_parallel: int = 1
+    tensor_parallel: int = ranged(1, ge=1)
     """tp: Megatron tensor parallelism (heads and MLP columns split over this many ranks)."""
-    pipeline_parallel: int = 1
+    pipeline_parallel: int = ranged(1, ge=1)
     """pp: pipeline stages."""
-    data_parallel: int = 0
+    data_parallel: int = ranged(0, ge=0)
     """dp: data-parallel replicas; 0: world size / (tp x pp)."""
-    zero_stage: int = 0
+    zero_stage: int = ranged(0, choices=(0, 1, 2, 3))
     """0: DDP; 1: optimizer state sharded over dp; 2: gradients too; 3: parameters too."""
     offload: bool = False
     """ZeRO-3 with parameters and optimizer state in CPU memory (FSDP2's CPUOffloadPolicy)."""
     sequence_parallel: bool = False
     """Megatron sequence parallelism: LayerNorm/dropout regions sharded over tp by sequence."""
-    pipeline_schedule: str = "1f1b"
+    pipeline_schedule: str = ranged("1f1b", choices=("gpipe", "1f1b", "interleaved"))
     """gpipe, 1f1b (PipeDream-flush) or interleaved (interleaved 1F1B)."""
-    pipeline_microbatches: int = 0
+    pipeline_microbatches: int = ranged(0, ge=0)
     """Micro-batches per pipeline step; 0: global batch / (dp x micro_batch_size)."""
-    virtual_stages: int = 2
+    virtual_stages: int = ranged(2, ge=1)
     """Stages per rank of the interleaved schedule."""
-    partition: str = "uniform"
+    partition: str = ranged("uniform", choices=("uniform", "parameters", "profile"))
     """How layers are split into stages: uniform, parameters, or profile (measured
     forward+backward time per layer, split by dynamic programming)."""
-    activation_checkpoint: str = "none"
+    activation_checkpoint: str = ranged("none", choices=("none", "full", "selective"))
     """none, full (recompute every block in backward) or selective (recompute attention)."""
-    backend: str = "auto"
+    backend: str = ranged("auto", choices=("auto", "gloo", "nccl"))
     """torch.distributed backend: auto (nccl on CUDA, gloo on CPU), gloo or nccl."""
 
 
@@ -264,42 +278,17 @@ class Config:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
 
-_CHOICES = {
-    "model.attention": ("auto", "sdpa", "flex", "eager"),
-    "precision.dtype": ("bf16", "fp16", "fp32", "auto"),
-    "train.cpu_fp32_matmul": CPU_FP32_MATMUL_CHOICES,
-    "optimizer.name": ("adamw", "lamb"),
-    "schedule.unit": ("samples", "tokens"),
-    "schedule.style": ("cosine", "linear", "constant"),
-    "parallel.pipeline_schedule": ("gpipe", "1f1b", "interleaved"),
-    "parallel.partition": ("uniform", "parameters", "profile"),
-    "parallel.activation_checkpoint": ("none", "full", "selective"),
-    "parallel.backend": ("auto", "gloo", "nccl"),
-}
+_DEVICE = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
 
 
 def validate(cfg: Config, data_parallel: int = 1) -> None:
-    """Cross-field checks, each a UserError naming the field."""
-    for key, choices in _CHOICES.items():
-        section, name = key.split(".")
-        value = getattr(getattr(cfg, section), name)
-        if value not in choices:
-            raise UserError(f"{key} = {value!r}: expected one of {', '.join(choices)}")
-    m, t = cfg.model, cfg.train
-    for key, value in (("model.hidden_size", m.hidden_size), ("model.num_layers", m.num_layers),
-                       ("model.num_heads", m.num_heads), ("data.seq_length", cfg.data.seq_length),
-                       ("train.micro_batch_size", t.micro_batch_size),
-                       ("train.global_batch_size", t.global_batch_size),
-                       ("train.train_samples", t.train_samples)):
-        if value < 1:
-            raise UserError(f"{key} = {value}: must be at least 1")
-    if m.hidden_size % m.num_heads:
-        raise UserError(f"model.hidden_size {m.hidden_size} is not divisible by "
-                        f"model.num_heads {m.num_heads}")
-    step = t.micro_batch_size * data_parallel
-    if t.global_batch_size % step:
-        raise UserError(f"train.global_batch_size {t.global_batch_size} is not a multiple of "
-                        f"train.micro_batch_size x data-parallel size = {step}")
+    """Every field within the range declared next to it (``ranged``), then the rules between
+    fields, each a UserError of one line naming them. ``data_parallel``: the dp size once it
+    is known; :func:`parallel_sizes` adds the rules that need the world size."""
+    check_ranges(cfg)
+    t, d, c = cfg.train, cfg.data, cfg.curriculum
+    if not _DEVICE.fullmatch(t.device):
+        raise UserError(f"train.device = {t.device!r}: expected cpu, cuda, cuda:N or auto")
     if t.rampup_batch_size:
         if len(t.rampup_batch_size) != 3:
             raise UserError("train.rampup_batch_size: expected [start, increment, samples]")
@@ -309,12 +298,6 @@ def validate(cfg: Config, data_parallel: int = 1) -> None:
             raise UserError(f"train.rampup_batch_size {t.rampup_batch_size}: need 1 <= start "
                             "<= global_batch_size, increment >= 1 dividing "
                             "global_batch_size - start")
-    c = cfg.curriculum
-    if c.seqlen_warmup and not 1 <= c.start_seq_length <= cfg.data.seq_length:
-        raise UserError(f"curriculum.start_seq_length {c.start_seq_length}: must be within "
-                        f"[1, data.seq_length = {cfg.data.seq_length}]")
-    if c.seq_length_step < 1:
-        raise UserError(f"curriculum.seq_length_step {c.seq_length_step}: must be >= 1")
     if t.profile_steps:
         try:
             a, b = (int(v) for v in t.profile_steps.split(":"))
@@ -326,24 +309,124 @@ def validate(cfg: Config, data_parallel: int = 1) -> None:
         if len(bounds) != 2 or not 0 <= bounds[0] < bounds[1]:
             raise UserError(f"train.skip_samples[{index}] = {bounds}: expected [start, end] "
                             "with 0 <= start < end")
+    _check_data(d)
+    # the schedule: what the LR and the sequence length do over the run
+    o, s = cfg.optimizer, cfg.schedule
+    if o.min_lr > o.lr:
+        raise UserError(f"optimizer.min_lr {o.min_lr:g} is above optimizer.lr {o.lr:g}: the "
+                        "decay would raise the learning rate")
+    run_tokens = t.train_samples * d.seq_length
+    run = (f"train.train_samples {t.train_samples} x data.seq_length {d.seq_length} = "
+           f"{run_tokens} tokens")
+    if s.unit == "tokens" and s.warmup > run_tokens:
+        raise UserError(f"schedule.warmup {s.warmup} tokens (schedule.unit tokens) is longer "
+                        f"than the run: {run}")
+    if s.unit == "samples" and s.warmup > t.train_samples:
+        raise UserError(f"schedule.warmup {s.warmup} samples (schedule.unit samples) is longer "
+                        f"than the run: train.train_samples {t.train_samples}")
+    if c.seqlen_warmup and c.start_seq_length > d.seq_length:
+        raise UserError(f"curriculum.start_seq_length {c.start_seq_length}: must be within "
+                        f"[1, data.seq_length = {d.seq_length}]")
+    if c.seqlen_warmup and c.warmup_tokens > run_tokens:
+        raise UserError(f"curriculum.warmup_tokens {c.warmup_tokens} is longer than the run: "
+                        f"{run}")
     sp = cfg.spike
-    for key, value in (("spike.window", sp.window), ("spike.min_history", sp.min_history)):
-        if value < 1:
-            raise UserError(f"{key} = {value}: must be at least 1")
     if sp.min_history > sp.window:
         raise UserError(f"spike.min_history {sp.min_history} exceeds spike.window {sp.window}")
-    for key, value in (("spike.skip_before", sp.skip_before),
-                       ("spike.skip_after", sp.skip_after),
-                       ("spike.max_rollbacks", sp.max_rollbacks),
-                       ("train.max_wallclock", t.max_wallclock),
-                       ("monitor.peak_flops", cfg.monitor.peak_flops)):
-        if value < 0:
-            raise UserError(f"{key} = {value}: must not be negative")
-    if not 0.0 <= m.hidden_dropout < 1.0 or not 0.0 <= m.attention_dropout < 1.0:
-        raise UserError("model.hidden_dropout / model.attention_dropout: must be in [0, 1)")
+    _check_layout(cfg)
+    _check_global_batch(cfg, data_parallel)
+
+
+def _check_data(d: DataConfig) -> None:
+    from bloomline.dataprep.gpt_samples import parse_split
+
+    try:
+        parse_split(d.split)
+    except UserError as err:  # dataprep names its flag; here it is a config field
+        raise UserError(str(err).replace("--split", "data.split")) from None
+    if d.weights and not any(weight > 0 for weight in d.weights.values()):
+        raise UserError(f"data.weights {d.weights}: the weights must not all be zero")
+
+
+def _check_layout(cfg: Config) -> None:
+    """The parallel layout's rules that hold whatever the world size: every tensor-parallel
+    rank gets an equal share of heads, MLP columns, vocabulary rows (and, with sequence
+    parallelism, tokens); every pipeline stage at least one layer."""
+    p, m = cfg.parallel, cfg.model
+    tp, pp = p.tensor_parallel, p.pipeline_parallel
+    if m.hidden_size % m.num_heads:
+        raise UserError(f"model.hidden_size {m.hidden_size} is not divisible by "
+                        f"model.num_heads {m.num_heads}")
+    if m.num_heads % tp:
+        raise UserError(f"model.num_heads {m.num_heads} is not divisible by "
+                        f"parallel.tensor_parallel {tp}")
+    if m.ffn_size % tp:
+        raise UserError(f"model.ffn_hidden_size {m.ffn_size} is not divisible by "
+                        f"parallel.tensor_parallel {tp}")
+    if m.vocab_size and m.vocab_size % tp:
+        raise UserError(f"model.vocab_size {m.vocab_size} is not divisible by "
+                        f"parallel.tensor_parallel {tp} (pad it to a multiple of 128 x tp)")
+    stages = pp * (p.virtual_stages if p.pipeline_schedule == "interleaved" and pp > 1 else 1)
+    if m.num_layers < stages:
+        raise UserError(f"model.num_layers {m.num_layers} is fewer than the {stages} pipeline "
+                        "stages (parallel.pipeline_parallel x virtual_stages)")
+    if p.sequence_parallel and tp == 1:
+        raise UserError("parallel.sequence_parallel needs parallel.tensor_parallel > 1")
+    # sequence parallelism splits every sequence into tp equal shards (gloo/nccl
+    # reduce-scatter of uneven shards fails); the warmup lengths are multiples of the step
+    if p.sequence_parallel and cfg.data.seq_length % tp:
+        raise UserError(f"data.seq_length {cfg.data.seq_length} is not divisible by "
+                        f"parallel.tensor_parallel {tp} (needed by parallel.sequence_parallel)")
+    if p.sequence_parallel and cfg.curriculum.seqlen_warmup and (
+            cfg.curriculum.seq_length_step % tp):
+        raise UserError(f"curriculum.seq_length_step {cfg.curriculum.seq_length_step} is not "
+                        f"divisible by parallel.tensor_parallel {tp} (needed by "
+                        "parallel.sequence_parallel)")
+    if p.offload and p.zero_stage != 3:
+        raise UserError("parallel.offload needs parallel.zero_stage = 3 (FSDP2 offloads "
+                        "sharded parameters and their optimizer state)")
+
+
+def _check_global_batch(cfg: Config, data_parallel: int) -> None:
+    t = cfg.train
+    if t.global_batch_size % (t.micro_batch_size * data_parallel):
+        raise UserError(f"train.global_batch_size {t.global_batch_size} is not a multiple of "
+                        f"train.micro_batch_size {t.micro_batch_size} x data-parallel size "
+                        f"{data_parallel}")
+
+
+def parallel_sizes(cfg: Config, world_size: int) -> tuple[int, int, int]:
+    """(pp, dp, tp) of a run of ``world_size`` processes, every rule checked: the world size
+    against parallel.*, then :func:`validate` with that dp. The launcher calls it before it
+    starts the processes (``trainer pretrain --nproc``), each rank before any process group or
+    model exists (``parallel.resolve_layout``)."""
+    check_ranges(cfg)  # tp, pp >= 1 before dividing by them
+    p = cfg.parallel
+    tp, pp = p.tensor_parallel, p.pipeline_parallel
+    if world_size % (tp * pp):
+        raise UserError(f"world size {world_size} is not divisible by "
+                        f"parallel.tensor_parallel {tp} x parallel.pipeline_parallel {pp}")
+    dp = p.data_parallel or world_size // (tp * pp)
+    if tp * pp * dp != world_size:
+        raise UserError(f"parallel: pp {pp} x dp {dp} x tp {tp} = {pp * dp * tp} processes, "
+                        f"but the world size is {world_size}")
+    validate(cfg, dp)
+    return pp, dp, tp
 
 
 def load_trainer_config(path: str | Path | None, overrides: list[str] | None = None) -> Config:
+    """The config of ``path`` with ``overrides``, its model settled (a checkpoint to resume or
+    ``checkpoint.init_from`` replaces the recipe's architecture; a ``model.*`` override that
+    contradicts it is an error) and validated."""
+    overrides = overrides or []
     cfg = load_config(Config, path, overrides)
+    model_overrides = [text for text in overrides if _override_key(text).startswith("model.")]
+    given = load_config(Config, None, model_overrides).model
+    resolve_model_settings(cfg, {key: getattr(given, key.removeprefix("model."))
+                                 for key in map(_override_key, model_overrides)})
     validate(cfg)
     return cfg
+
+
+def _override_key(text: str) -> str:
+    return text.split("=", 1)[0].strip().removeprefix("--")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from bloomline.common.config import ranged
+
 __all__ = ["ModelConfig", "padded_vocab_size"]
 
 
@@ -19,22 +21,23 @@ def padded_vocab_size(vocab_size: int, multiple: int = 128, tensor_parallel: int
 class ModelConfig:
     """GPT with the BLOOM recipe: ALiBi, LayerNorm after the embedding, pre-LN, tied head."""
 
-    vocab_size: int = 50304
-    """Embedding rows, already padded (see padded_vocab_size); the data's ids must be below it."""
-    hidden_size: int = 768
+    vocab_size: int = ranged(50304, ge=0, le=2**31 - 1)
+    """Embedding rows, already padded (see padded_vocab_size); the data's ids must be below it.
+    0 (trainer): the tokenizer's vocabulary, padded. Divisible by parallel.tensor_parallel."""
+    hidden_size: int = ranged(768, ge=1)
     """Width of the residual stream (h)."""
-    num_layers: int = 12
-    """Transformer blocks."""
-    num_heads: int = 12
-    """Attention heads; hidden_size must be divisible by it. Any count (ALiBi handles
-    non-powers of two)."""
-    ffn_hidden_size: int = 0
-    """MLP width; 0 means 4 * hidden_size."""
-    hidden_dropout: float = 0.0
+    num_layers: int = ranged(12, ge=1)
+    """Transformer blocks; at least the pipeline stages."""
+    num_heads: int = ranged(12, ge=1)
+    """Attention heads; hidden_size must be divisible by it, and it by
+    parallel.tensor_parallel. Any count (ALiBi handles non-powers of two)."""
+    ffn_hidden_size: int = ranged(0, ge=0)
+    """MLP width; 0 means 4 * hidden_size. Divisible by parallel.tensor_parallel."""
+    hidden_dropout: float = ranged(0.0, ge=0, lt=1)
     """Dropout on the attention and MLP outputs before the residual add."""
-    attention_dropout: float = 0.0
+    attention_dropout: float = ranged(0.0, ge=0, lt=1)
     """Dropout on the attention probabilities."""
-    layernorm_epsilon: float = 1e-5
+    layernorm_epsilon: float = ranged(1e-5, gt=0)
     """LayerNorm epsilon."""
     layernorm_fp32: bool = True
     """Compute every LayerNorm in fp32 whatever the compute dtype."""
@@ -43,14 +46,13 @@ class ModelConfig:
     softmax in fp32 for bf16/fp16 inputs by construction)."""
     residual_fp32: bool = True
     """Keep the residual stream in fp32 between blocks (BLOOM's fp32 residual connection)."""
-    attention: str = "auto"
+    attention: str = ranged("auto", choices=("auto", "sdpa", "flex", "eager"))
     """Attention kernel: sdpa (scaled_dot_product_attention with an additive ALiBi bias), flex
     (FlexAttention with an ALiBi score_mod and a causal block mask; compiled; the GPU path),
     eager (explicit matmul-softmax-matmul), or auto: eager on CPU, flex on CUDA. On CPU in
-    training, torch 2.13's fused SDPA kernel with an additive mask is 1.6x slower forward +
-    backward than the three eager ops (25.6 vs 16 ms at b8 h6 L256 d64 bf16, see
-    benchmarks/README.md), so eager is the CPU choice."""
-    init_std: float = 0.0
+    training the fused SDPA kernel with an additive mask is slower forward + backward than the
+    three eager ops (benchmarks/README.md), so eager is the CPU choice."""
+    init_std: float = ranged(0.0, ge=0)
     """Std of the normal init; 0 means BLOOM's small init sqrt(2 / (5 h)). Output projections
     (attention dense, MLP fc2) get std / sqrt(2 * num_layers)."""
 

@@ -5,7 +5,8 @@ parallelism (DTensor, ``tensor_parallel.py``), activation checkpointing
 (``activation_checkpoint.py``), per-block compile, then data parallelism with the ZeRO stage
 (DDP / FSDP2, ``data_parallel.py``). Pipeline parallelism splits the model into stages first
 and parallelizes each stage the same way (``pipeline.py``). ``mesh.py`` owns the device mesh
-("pp", "dp", "tp") and its validation. See README.md in this folder.
+("pp", "dp", "tp"); the layout's rules live with the config (``config.parallel_sizes``). See
+README.md in this folder.
 """
 
 from __future__ import annotations

@@ -13,8 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from bloomline.common.errors import UserError
-from bloomline.trainer.config import Config
+from bloomline.trainer.config import Config, parallel_sizes
 
 __all__ = ["Layout", "build_mesh", "resolve_layout", "init_distributed", "world_info"]
 
@@ -62,55 +61,11 @@ def world_info() -> tuple[int, int, int]:
 
 
 def resolve_layout(cfg: Config, world_size: int, rank: int = 0) -> Layout:
-    """The mesh sizes for ``world_size`` processes, each mismatch a UserError naming the
-    fields: heads and vocabulary by tp, layers by the stages, the global batch by
-    dp x micro-batch, and the world size by the product."""
-    p, m, t = cfg.parallel, cfg.model, cfg.train
-    tp, pp = p.tensor_parallel, p.pipeline_parallel
-    if tp < 1 or pp < 1 or p.data_parallel < 0:
-        raise UserError("parallel.tensor_parallel / pipeline_parallel must be >= 1 and "
-                        "parallel.data_parallel >= 0")
-    if world_size % (tp * pp):
-        raise UserError(f"world size {world_size} is not divisible by "
-                        f"parallel.tensor_parallel {tp} x parallel.pipeline_parallel {pp}")
-    dp = p.data_parallel or world_size // (tp * pp)
-    if tp * pp * dp != world_size:
-        raise UserError(f"parallel: pp {pp} x dp {dp} x tp {tp} = {pp * dp * tp} processes, "
-                        f"but the world size is {world_size}")
-    if m.num_heads % tp:
-        raise UserError(f"model.num_heads {m.num_heads} is not divisible by "
-                        f"parallel.tensor_parallel {tp}")
-    if m.ffn_size % tp:
-        raise UserError(f"model.ffn_hidden_size {m.ffn_size} is not divisible by "
-                        f"parallel.tensor_parallel {tp}")
-    if m.vocab_size and m.vocab_size % tp:
-        raise UserError(f"model.vocab_size {m.vocab_size} is not divisible by "
-                        f"parallel.tensor_parallel {tp} (pad it to a multiple of 128 x tp)")
-    stages = pp * (p.virtual_stages if p.pipeline_schedule == "interleaved" and pp > 1 else 1)
-    if m.num_layers < stages:
-        raise UserError(f"model.num_layers {m.num_layers} is fewer than the {stages} pipeline "
-                        "stages (parallel.pipeline_parallel x virtual_stages)")
-    if p.sequence_parallel and tp == 1:
-        raise UserError("parallel.sequence_parallel needs parallel.tensor_parallel > 1")
-    # sequence parallelism splits every sequence into tp equal shards (gloo/nccl
-    # reduce-scatter of uneven shards fails); the warmup lengths are multiples of the step
-    if p.sequence_parallel and cfg.data.seq_length % tp:
-        raise UserError(f"data.seq_length {cfg.data.seq_length} is not divisible by "
-                        f"parallel.tensor_parallel {tp} (needed by parallel.sequence_parallel)")
-    if p.sequence_parallel and cfg.curriculum.seqlen_warmup and (
-            cfg.curriculum.seq_length_step % tp):
-        raise UserError(f"curriculum.seq_length_step {cfg.curriculum.seq_length_step} is not "
-                        f"divisible by parallel.tensor_parallel {tp} (needed by "
-                        "parallel.sequence_parallel)")
-    if p.zero_stage not in (0, 1, 2, 3):
-        raise UserError(f"parallel.zero_stage {p.zero_stage}: expected 0, 1, 2 or 3")
-    if p.offload and p.zero_stage != 3:
-        raise UserError("parallel.offload needs parallel.zero_stage = 3 (FSDP2 offloads "
-                        "sharded parameters and their optimizer state)")
-    step = t.micro_batch_size * dp
-    if t.global_batch_size % step:
-        raise UserError(f"train.global_batch_size {t.global_batch_size} is not a multiple of "
-                        f"train.micro_batch_size {t.micro_batch_size} x data-parallel size {dp}")
+    """The mesh sizes for ``world_size`` processes. The rules (heads, MLP and vocabulary by
+    tp, layers by the stages, the global batch by dp x micro-batch, the world size by the
+    product) live with the config: ``config.parallel_sizes``, each a UserError naming the
+    fields."""
+    pp, dp, tp = parallel_sizes(cfg, world_size)
     return Layout(pp=pp, dp=dp, tp=tp, rank=rank)
 
 
