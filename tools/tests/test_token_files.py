@@ -59,16 +59,16 @@ def test_summary_figures_match_the_index(corpus, inspect):
     assert code == 0 and "format a: ok" in out and "TOTAL" not in out
 
 
-def test_summary_of_corrupted_offsets_reports_and_exits_1(corpus_copy, inspect):
-    """Catches: summary printing "ok" for an index whose offsets do not follow from the
-    lengths (it only did the O(1) checks of opening)."""
+def test_summary_of_corrupted_offsets_exits_1(corpus_copy, inspect):
+    """Catches: summary printing "ok" (or figures read through a wrong offset) for an index
+    whose offsets do not follow from the lengths: opening refuses it, naming the file."""
     with open(corpus_copy / "a.idx", "r+b") as fh:
         num = IndexedDataset(corpus_copy / "a").sequence_lengths.size
         fh.seek(HEADER + 4 * num + 8 * 5)
         fh.write(struct.pack("<q", 3))
     code, out, err = inspect("summary", corpus_copy)
     _one_line_error(code, err, "a.idx: corrupted index: byte offset of sequence 5")
-    assert "format b: ok" in out
+    assert out == ""
 
 
 def test_verify_passes_a_sound_corpus(corpus, inspect):
@@ -107,8 +107,37 @@ def _decreasing_boundaries(folder: Path) -> None:
         fh.write(struct.pack("<q", 0))
 
 
+def _offset(value: int, sequence: int = 4):
+    def corrupt(folder: Path) -> None:
+        num = IndexedDataset(folder / "b").sequence_lengths.size
+        with open(folder / "b.idx", "r+b") as fh:
+            fh.seek(HEADER + 4 * num + 8 * sequence)
+            fh.write(struct.pack("<q", value))
+    return corrupt
+
+
+def _float32(folder: Path) -> None:
+    """b as a float32 file: the same values as floats, dtype code 7 (Megatron's float32)."""
+    dataset = IndexedDataset(folder / "b")
+    tokens = np.frombuffer((folder / "b.bin").read_bytes(), np.uint16).astype(np.float32)
+    index = bytearray((folder / "b.idx").read_bytes())
+    num = len(dataset)
+    pointers = dataset.sequence_pointers * 2
+    del dataset
+    index[17] = 7
+    index[HEADER + 4 * num : HEADER + 12 * num] = pointers.tobytes()
+    (folder / "b.idx").write_bytes(bytes(index))
+    (folder / "b.bin").write_bytes(tokens.tobytes())
+
+
 CORRUPTIONS = {
     "truncated .bin": (_truncate_bin, "b.bin: truncated"),
+    "negative offset": (_offset(-8), "b.idx: corrupted index: byte offset of sequence 4 "
+                        "(document 4) is -8, expected "),
+    "offset past the .bin": (_offset(1 << 40), "b.idx: corrupted index: byte offset of "
+                             "sequence 4 (document 4) is 1099511627776, expected "),
+    "float32 tokens": (_float32, "b.idx: not a valid MMIDIDX index: dtype code 7 (float32) "
+                       "is not an integer type"),
     "bad header": (_bad_magic, "b.idx: not a valid MMIDIDX index: bad magic"),
     "truncated .idx": (_truncate_idx, "b.idx: not a valid MMIDIDX index: truncated"),
     "decreasing boundaries": (_decreasing_boundaries, "b.idx: corrupted index: document "
@@ -131,6 +160,34 @@ def test_corrupted_files_give_one_line_and_exit_1(corpus_copy, corpus, inspect, 
                  ["blend", corpus_copy, *index]):
         code, _, err = inspect(*args)
         _one_line_error(code, err, message)
+
+
+def test_verify_checks_the_index_cache_of_a_folder(corpus_copy, corpus, inspect):
+    """Catches: verify passing a corpus folder whose index cache (CORPUS/.index) holds a
+    tampered or truncated file, which the trainer would load (before: a segfault in the
+    compiled gather, or a hang). Verify names the file and says to delete the entry; a sound
+    cache passes and an entry of a rewritten file is stale, not an error."""
+    index = ["--seq-length", 16, "--train-samples", 20, "--split", "90,10"]
+    code, _, err = inspect("blend", corpus_copy, *index)
+    assert code == 0, err
+    code, out, _ = inspect("verify", corpus_copy, "--json")
+    assert code == 0 and json.loads(out)["index_cache"]["checked"] == 6  # 2 x 2 + 2 blends
+    entry = next((corpus_copy / ".index").glob("gpt-train-a-*"))
+    order = np.load(entry / "shuffle_index.npy")
+    order[3] = 10**6
+    np.save(entry / "shuffle_index.npy", order)
+    code, _, err = inspect("verify", corpus_copy)
+    _one_line_error(code, err, f"{entry}/shuffle_index.npy: entry 3 is 1000000, outside the "
+                    f"samples built [0, {len(order)}); delete {entry} (build-index or the "
+                    "trainer rebuilds it)")
+    with open(entry / "sample_index.npy", "r+b") as fh:  # truncated (a killed copy)
+        fh.truncate(os.path.getsize(entry / "sample_index.npy") - 8)
+    code, _, err = inspect("verify", corpus_copy)
+    _one_line_error(code, err, f"{entry}/sample_index.npy: unreadable or truncated")
+    shutil.rmtree(entry)
+    _rewrite(corpus_copy / "a", corpus["docs_a"][:30])  # the other entries of a are stale now
+    code, out, _ = inspect("verify", corpus_copy)
+    assert code == 0 and "index cache (2 entries, 3 stale skipped)" in out
 
 
 def test_token_id_above_the_vocabulary_is_located(corpus_copy, corpus, inspect, monkeypatch):

@@ -147,6 +147,77 @@ def test_truncated_or_mismatched_cache_entry_is_rebuilt(tmp_path, capfd):
     assert "does not match" in capfd.readouterr().err
 
 
+def _tamper(path: Path, edit) -> None:
+    """Rewrite a cached .npy in place with ``edit`` applied (same shape and dtype)."""
+    array = np.load(path)
+    edit(array)
+    np.save(path, array)
+
+
+def test_tampered_cache_values_are_named_and_rebuilt(tmp_path, capfd):
+    """Catches: a cached index whose shapes and dtypes are right but whose values point
+    outside the arrays (a shuffle entry past the samples, a document id outside the split, a
+    sample start past its document, a blend entry past a dataset's samples) loaded as valid:
+    the compiled gather then read outside its arrays (a segfault) or looped for long. Loading
+    names the file in one warning line and rebuilds the entry, identical to the first build."""
+    corpus = _corpus(tmp_path, sizes=(100, 80))
+    request = IndexRequest(seq_length=8, train_samples=300, split="1",
+                           weights={"a": 0.6, "b": 0.4})
+    good = build_sample_datasets(corpus, request)
+    row = good.report["splits"]["train"]["datasets"]["a"]
+    entry = Path(row["cache"])
+    blend = Path(good.report["splits"]["train"]["blend"]["cache"])
+    expected = good.splits["train"].get_batch(np.arange(len(good.splits["train"])))
+    samples = row["samples"]
+    cases = [
+        (entry / "shuffle_index.npy", lambda a: a.__setitem__(17, samples),
+         f"shuffle_index.npy: entry 17 is {samples}, outside the samples built [0, {samples})"),
+        (entry / "document_index.npy", lambda a: a.__setitem__(3, 100),
+         "document_index.npy: entry 3 is 100, outside the split's sequence ids [0, 100)"),
+        (entry / "sample_index.npy", lambda a: a.__setitem__((5, 1), 10**6),
+         "sample_index.npy: row 5 starts at token 1000000 of a sequence of"),
+        (entry / "sample_index.npy", lambda a: a.__setitem__((5, 0), 10**6),
+         "sample_index.npy: row 5 starts at document-index position 1000000"),
+        (blend / "dataset_sample_index.npy", lambda a: a.__setitem__(2, 10**6),
+         "dataset_sample_index.npy: entry 2 is sample 1000000 of dataset"),
+        (blend / "dataset_index.npy", lambda a: a.__setitem__(2, 7),
+         "dataset_index.npy: entry 2 is 7, outside the datasets [0, 2)"),
+    ]
+    for path, edit, message in cases:
+        _tamper(path, edit)
+        rebuilt = build_sample_datasets(corpus, request)
+        warnings = capfd.readouterr().err.strip().splitlines()
+        assert len(warnings) == 1, warnings
+        assert warnings[0].startswith(f"warning: {path.parent}/{message}"), warnings
+        assert warnings[0].endswith("; rebuilding the cache entry")
+        np.testing.assert_array_equal(rebuilt.splits["train"].get_batch(
+            np.arange(len(expected))), expected)
+
+
+def test_tampered_cache_that_cannot_be_rebuilt_is_one_line(tmp_path, monkeypatch):
+    """Catches: a bad entry in a cache folder the run cannot write (a shared, read-only
+    cache) surfacing as a PermissionError traceback: it must be one line naming the file and
+    saying to delete the entry or use another cache folder."""
+    import errno
+
+    from bloomline.dataprep import index_cache
+
+    corpus = _corpus(tmp_path, sizes=(100,))
+    request = IndexRequest(seq_length=8, train_samples=300, split="1")
+    entry = Path(build_sample_datasets(corpus, request)
+                 .report["splits"]["train"]["datasets"]["a"]["cache"])
+    _tamper(entry / "shuffle_index.npy", lambda a: a.__setitem__(0, 2**31))
+
+    def read_only(path):
+        raise PermissionError(errno.EACCES, "Permission denied", str(path))
+    monkeypatch.setattr(index_cache, "_locked", read_only)  # (root may write anywhere)
+    with pytest.raises(UserError) as info:
+        build_sample_datasets(corpus, request)
+    assert str(info.value).startswith(f"{entry}/shuffle_index.npy: entry 0 is 2147483648")
+    assert str(info.value).endswith(f"cannot rebuild it here (Permission denied): delete "
+                                    f"{entry} or give another --cache-dir")
+
+
 def _blocked_flock_waiters(lock: Path) -> int:
     inode = os.stat(lock).st_ino
     with open("/proc/locks") as fh:

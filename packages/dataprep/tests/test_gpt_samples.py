@@ -327,6 +327,57 @@ def test_get_batch_refuses_an_index_of_another_file(tmp_path):
         wrong.get_batch(np.arange(len(wrong)))
 
 
+def _damaged(index, **arrays):
+    from dataclasses import replace
+
+    return replace(index, **{name: np.asarray(value) for name, value in arrays.items()})
+
+
+def test_get_batch_cannot_be_sent_outside_its_arrays(tmp_path):
+    """Bug: the compiled gather (no bounds checks) trusting the values of a damaged index:
+    a shuffle entry past the sample index (uint32 2**32-1, int64 2**63-1, whose + 1 wraps),
+    a sample-index row pointing before or past the document index, a document id outside
+    the file or negative, an offset before or past its sequence. Each read memory outside
+    the arrays or the mapped .bin (a segfault, or garbage tokens); each must be refused."""
+    ds = _write(tmp_path, [30, 25, 40, 12])
+    index = build_sample_index(ds.sequence_lengths, range(4), 8, 20, seed=1)
+    rows = np.array(index.sample_index)
+    docs = np.array(index.document_index)
+
+    def row(position, offset, at=1):
+        changed = rows.copy()
+        changed[at] = (position, offset)
+        return changed
+
+    def doc(value, at=0):
+        changed = docs.astype(np.int64)
+        changed[at] = value
+        return changed
+
+    damages = {
+        "shuffle uint32 max": dict(shuffle_index=np.array([2**32 - 1], np.uint32)),
+        "shuffle int64 max": dict(shuffle_index=np.array([2**63 - 1], np.int64)),
+        "shuffle past the rows": dict(shuffle_index=np.array([len(rows) - 1], np.int64)),
+        "shuffle negative": dict(shuffle_index=np.array([-1], np.int64)),
+        "position negative": dict(sample_index=row(-5, 0, at=0),
+                                  shuffle_index=np.array([0], np.int64)),
+        "position past the document index": dict(sample_index=row(len(docs) + 10**6, 0)),
+        "positions going back": dict(sample_index=row(0, 0, at=2),
+                                     shuffle_index=np.array([1], np.int64)),
+        "document id negative": dict(document_index=doc(-1)),
+        "document id past the file": dict(document_index=doc(10**9)),
+        "offset negative": dict(sample_index=row(int(rows[1, 0]), -4)),
+        "offset past its sequence": dict(sample_index=row(int(rows[1, 0]), 10**6)),
+    }
+    for name, arrays in damages.items():
+        arrays.setdefault("shuffle_index", np.array([0], np.int64))
+        samples = GPTSampleDataset(ds, _damaged(index, **arrays))
+        samples._sample_length = 9  # (from sample 0, which may be the damaged one)
+        with pytest.raises(ValueError, match="point outside it") as info:
+            samples.get_batch([0])
+        assert "is damaged" in str(info.value), name
+
+
 def test_get_batch_after_pickling_reads_the_same(tmp_path):
     """Bug: a dataset sent to a loader worker (pickled) that carries its parent's memory map
     or reads stale arrays instead of reopening its own."""

@@ -139,13 +139,94 @@ def test_reader_refuses_damaged_files_with_reason(tmp_path, edit_idx, edit_bin, 
     assert "\n" not in str(info.value) and "d." in str(info.value)
 
 
-def test_verify_finds_inconsistent_offsets(tmp_path):
-    """Catches: offsets that disagree with lengths (reads would return the wrong tokens)."""
+def test_open_finds_inconsistent_offsets(tmp_path):
+    """Catches: offsets that disagree with lengths (reads would return the wrong tokens)
+    accepted on open because the .bin size still adds up (it was left to verify())."""
     # first byte offset 0 -> 2: sizes still add up, only the full check can see it
     prefix = _damage(tmp_path, _set(34 + 8, struct.pack("<q", 2)))
-    ds = IndexedDataset(prefix)
     with pytest.raises(CorruptTokenFileError, match="byte offset of sequence 0"):
-        ds.verify()
+        IndexedDataset(prefix)
+
+
+# Offsets of GOLDEN_IDX: lengths at 34 (int32[2]), byte offsets at 42 (int64[2]), document
+# boundaries at 58 (int64[4]); a bigger file for the cases that need more than 2 sequences.
+def _many(tmp_path, count=300):
+    rng = np.random.default_rng(3)
+    with IndexedDatasetWriter(tmp_path / "m", np.uint16) as writer:
+        for number in range(count):
+            writer.add_document(rng.integers(0, 500, size=1 + number % 7))
+            if number == 100:
+                writer.add_document(np.zeros(0, np.int64))  # an empty document: 101
+    return tmp_path / "m", count
+
+
+def _poke(path, offset, fmt, value):
+    with open(path, "r+b") as fh:
+        fh.seek(offset)
+        fh.write(struct.pack(fmt, value))
+
+
+@pytest.mark.parametrize(("damage", "expected"), [
+    # offset of sequence 200 made negative: the gather loop used it as a memcpy source
+    (lambda n: (34 + 4 * n + 8 * 200, "<q", -8),
+     "byte offset of sequence 200 (document 201) is -8, expected "),
+    # offset past the end of the .bin (lengths and .bin size unchanged)
+    (lambda n: (34 + 4 * n + 8 * 150, "<q", 1 << 40),
+     "byte offset of sequence 150 (document 151) is 1099511627776"),
+    # an offset that stays inside the file but skips tokens
+    (lambda n: (34 + 4 * n + 8 * 7, "<q", 2),
+     "byte offset of sequence 7 (document 7) is 2, expected "),
+    (lambda n: (34 + 4 * 120, "<i", -3), "negative length -3 at sequence 120 (document 121)"),
+    # boundary of document 50 above the next one's
+    (lambda n: (34 + 12 * n + 8 * 50, "<q", 60), "document boundaries decrease at document 50"),
+], ids=["negative offset", "offset past the .bin", "offset skipping tokens", "negative length",
+        "decreasing boundaries"])
+def test_open_refuses_index_pointing_outside_its_bin(tmp_path, damage, expected):
+    """Catches: an .idx whose offsets are negative, run past the .bin or skip tokens, whose
+    lengths are negative, or whose document boundaries go back, opened as valid: the trainer's
+    compiled gather then read outside the mapped .bin (a segfault) or served garbage. Opening
+    refuses each with one line naming the file and the first bad sequence/document."""
+    prefix, count = _many(tmp_path)
+    offset, fmt, value = damage(count)
+    _poke(f"{prefix}.idx", offset, fmt, value)
+    with pytest.raises(CorruptTokenFileError) as info:
+        IndexedDataset(prefix)
+    message = str(info.value)
+    assert "\n" not in message and message.startswith(f"{prefix}.idx: corrupted index: ")
+    assert expected in message, message
+
+
+@pytest.mark.parametrize(("code", "name"), [(6, "float64"), (7, "float32")])
+def test_float_token_files_are_refused(tmp_path, code, name):
+    """Catches: a .bin/.idx pair whose dtype code says float (Megatron's enum has float32 and
+    float64 codes, used for other data) opened as token ids: float bits read as ids. The
+    reader refuses it naming the file and the code; the writer refuses to write one."""
+    values = np.arange(6, dtype=name)
+    (tmp_path / "f.bin").write_bytes(values.tobytes())
+    (tmp_path / "f.idx").write_bytes(
+        GOLDEN_IDX[:17] + bytes([code]) + GOLDEN_IDX[18:34]
+        + np.array([3, 3], np.int32).tobytes()
+        + np.array([0, 3 * values.itemsize], np.int64).tobytes()
+        + np.array([0, 1, 1, 2], np.int64).tobytes())
+    with pytest.raises(CorruptTokenFileError) as info:
+        IndexedDataset(tmp_path / "f")
+    assert str(info.value) == (
+        f"{tmp_path / 'f.idx'}: not a valid MMIDIDX index: dtype code {code} ({name}) is not "
+        "an integer type; token ids must be integers (uint16 or int32 as written by dataprep "
+        "and Megatron's preprocessing)")
+    with pytest.raises(ValueError, match="not an integer MMIDIDX token dtype"):
+        IndexedDatasetWriter(tmp_path / "w", np.float32)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.bin", "f.idx"]
+
+
+def test_every_integer_dtype_of_megatron_opens(tmp_path):
+    """Catches: the dtype check refusing integer codes Megatron allows for tokens (uint8,
+    int8, int16, int64 besides the uint16/int32 that are written by default)."""
+    for dtype in (np.uint8, np.int8, np.int16, np.int32, np.int64, np.uint16):
+        with IndexedDatasetWriter(tmp_path / np.dtype(dtype).name, dtype) as writer:
+            writer.add_document(np.array([1, 2, 3]))
+        dataset = IndexedDataset(tmp_path / np.dtype(dtype).name)
+        assert dataset.dtype == dtype and list(dataset[0]) == [1, 2, 3]
 
 
 def test_missing_files_are_named(tmp_path):

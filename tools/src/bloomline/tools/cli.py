@@ -75,19 +75,22 @@ def verify(
     tokenizer: str = typer.Option(
         None, help="The corpus's tokenizer (.model, tokenizer.json, .tiktoken, tiktoken:NAME): "
         "every token id must be below its vocabulary size."),
+    cache_dir: str = typer.Option(
+        None, help="Index cache to check (default: CORPUS_DIR/.index of a folder)."),
     json_output: bool = _JSON,
 ) -> None:
     """Full integrity check: exit 0, or the reason and exit 1.
 
-    Checks the header, index and .bin sizes, offsets, document boundaries, and every token
-    id against the vocabulary of --tokenizer (without it the largest id is reported).
+    Checks the header, token dtype, index and .bin sizes, offsets, document boundaries, every
+    token id against the vocabulary of --tokenizer (without it the largest id is reported),
+    and for a corpus folder every entry of its index cache against the files.
     """
     from bloomline.tools.verify import format_verify, verify_corpus
 
     vocab = _vocabulary(tokenizer)
     try:
         result = verify_corpus(path, vocab.vocab_size if vocab else None,
-                               vocab.model_path if vocab else None)
+                               vocab.model_path if vocab else None, cache_dir)
     except UserError as err:
         if json_output:  # scripts get the verdict on stdout too
             typer.echo(json.dumps({"path": path, "ok": False, "error": str(err)}, indent=1))

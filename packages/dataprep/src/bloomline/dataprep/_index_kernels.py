@@ -146,11 +146,20 @@ def gather_samples(ids, rows, batch, shuffle, sample_index, document_index, poin
     token, copied run by run from the token file (``pointers`` in bytes). Negative ids count
     from the end.
 
+    Compiled without bounds checks, so every index read from an array is checked here before
+    it is used: a damaged or foreign index (shuffle entry, sample-index row, document id,
+    offset) cannot make the loop read outside its arrays or the token file, whatever the
+    values. (``pointers`` and ``lengths`` are the token file's, checked when it was opened:
+    each sequence lies inside the file.)
+
     Returns -1; r >= 0 when ``ids[r]`` is out of range; -2 - r when sample ``ids[r]`` does
-    not fill exactly one row or reaches past the token file (an index made for another file
-    or L). Nothing is written from that sample on.
+    not fill exactly one row or its index entries point outside the arrays or the token file
+    (an index made for another file or L, or damaged). Nothing is written from that sample on.
     """
     num_samples = shuffle.shape[0]
+    num_rows = sample_index.shape[0]
+    num_positions = document_index.shape[0]
+    num_sequences = lengths.shape[0]
     row_bytes = batch.shape[1] * itemsize
     file_bytes = tokens.shape[0] * itemsize
     for r in range(ids.shape[0]):
@@ -160,8 +169,12 @@ def gather_samples(ids, rows, batch, shuffle, sample_index, document_index, poin
         if i < 0 or i >= num_samples:
             return r
         j = shuffle[i]
+        if j < 0 or j >= num_rows - 1:  # (not j + 1: it could wrap)
+            return -2 - r
         first, begin = sample_index[j, 0], sample_index[j, 1]
         last, last_end = sample_index[j + 1, 0], sample_index[j + 1, 1] + extra
+        if first < 0 or first > last or last >= num_positions:
+            return -2 - r
         row = rows[r] if rows.shape[0] else r
         if row < 0 or row >= batch.shape[0]:
             return -2 - r
@@ -169,10 +182,13 @@ def gather_samples(ids, rows, batch, shuffle, sample_index, document_index, poin
         row_end = at + row_bytes
         for k in range(first, last + 1):
             document = document_index[k]
+            if document < 0 or document >= num_sequences:
+                return -2 - r
             end = last_end if k == last else lengths[document]
             size = (end - begin) * itemsize
             start = pointers[document] + begin * itemsize
-            if size < 0 or at + size > row_end or start + size > file_bytes:
+            if (begin < 0 or size < 0 or end > lengths[document] or at + size > row_end
+                    or start < 0 or start + size > file_bytes):
                 return -2 - r
             _copy_bytes(batch, at, tokens, start, size)
             at += size

@@ -395,5 +395,6 @@ class _BatchReader:
             raise out_of_range(int(ids[bad]), self.num_samples)
         if bad < -1:
             raise ValueError(f"sample {int(ids[-2 - bad])} does not fill {batch.shape[1]} "
-                             f"tokens of {self.path}: its index was made for another token "
-                             "file or sequence length")
+                             f"tokens of {self.path}, or its index entries point outside "
+                             "it: its index was made for another token file or sequence "
+                             "length, or is damaged")

@@ -5,6 +5,12 @@ An entry is a folder ``CACHE/KIND-SPLIT-HASH/`` holding ``.npy`` arrays and a
 dtype. HASH is a hash of that description, so any change of input (a rewritten ``.idx``, a
 different seed, L, split, sample count, weight or extra-token setting) names another entry.
 
+Loading checks an entry against what it was built from: the description it is named after,
+each array's shape and dtype, and (through the caller's ``check``) the values, so that a
+truncated or tampered file is named in one line and rebuilt instead of sending a reader (the
+compiled batch gather) outside its arrays. Where the cache folder cannot be written, the line
+is an error that says to delete the entry (or use another cache folder).
+
 Concurrency: a reader first tries the entry without locking (the common, all-ranks case).
 If it is missing or invalid, the reader takes an exclusive ``flock`` on
 ``.locks/KIND-SPLIT-HASH.lock`` and looks again: the first process to get the lock builds
@@ -16,6 +22,7 @@ shared filesystem builds its own copy, identical because the build is determinis
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -29,7 +36,9 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["CacheEntry", "cached_arrays", "entry_key", "file_identity"]
+from bloomline.common.errors import UserError
+
+__all__ = ["CacheEntry", "Check", "cached_arrays", "entry_key", "file_identity", "read_entry"]
 
 # bump when the arrays or their layout change, so old entries are not reused
 CACHE_FORMAT = 1
@@ -62,8 +71,14 @@ class CacheEntry:
     status: str  # "built" or "reused"
 
 
+# (arrays, metadata) -> None when the values are sound, else what is wrong, starting with the
+# array's file name (e.g. "shuffle_index.npy: ..."); given by the kind of index (build_index)
+Check = Callable[[dict[str, np.ndarray], dict], "str | None"]
+
+
 def cached_arrays(cache_dir: str | os.PathLike, name: str, description: dict,
-                  build: Callable[[], tuple[dict[str, np.ndarray], dict]]) -> CacheEntry:
+                  build: Callable[[], tuple[dict[str, np.ndarray], dict]],
+                  check: Check | None = None) -> CacheEntry:
     """The entry for ``description``, built with ``build()`` under the lock when missing.
 
     Args:
@@ -71,55 +86,106 @@ def cached_arrays(cache_dir: str | os.PathLike, name: str, description: dict,
         name: readable part of the entry name, e.g. ``gpt-train-wiki``.
         description: every input the arrays depend on (JSON-serializable).
         build: returns the arrays and extra JSON metadata (counts for the report).
+        check: the value checks of a loaded entry (see :data:`Check`); a failing entry is
+            named in a warning and rebuilt.
+
+    Raises:
+        UserError: an invalid entry that cannot be rebuilt because the cache folder is not
+            writable, naming the file and what to delete.
     """
     cache_dir = Path(cache_dir)
     key = entry_key(description)
     path = cache_dir / f"{name}-{key}"
-    entry, problem = _load(path, description)
+    entry, problem = _load(path, description, check)
     if entry is not None:
         return entry
-    locks = cache_dir / ".locks"  # lock files stay (deleting one races with its next user)
-    locks.mkdir(parents=True, exist_ok=True)
-    with _locked(locks / f"{name}-{key}.lock"):
-        entry, problem = _load(path, description)  # built by another process meanwhile?
-        if entry is not None:
-            return entry
-        if problem is not None:
-            print(f"warning: {path}: {problem}; rebuilding it", file=sys.stderr)
-            _remove(path)
-        arrays, metadata = build()
-        _publish(path, description, arrays, metadata)
-    entry, problem = _load(path, description)
+    try:
+        locks = cache_dir / ".locks"  # lock files stay (deleting one races with its next user)
+        locks.mkdir(parents=True, exist_ok=True)
+        with _locked(locks / f"{name}-{key}.lock"):
+            entry, problem = _load(path, description, check)  # built by another process?
+            if entry is not None:
+                return entry
+            if problem is not None:
+                print(f"warning: {path}/{problem}; rebuilding the cache entry", file=sys.stderr)
+                _remove(path)
+            arrays, metadata = build()
+            _publish(path, description, arrays, metadata)
+    except OSError as error:
+        if problem is None or error.errno not in _READ_ONLY:
+            raise
+        raise UserError(f"{path}/{problem}; cannot rebuild it here ({error.strerror}): delete "
+                        f"{path} or give another --cache-dir") from None
+    entry, problem = _load(path, description, check)
     if entry is None:
-        raise OSError(f"{path}: cache entry unreadable right after writing it: {problem}")
+        raise OSError(f"{path}/{problem}: cache entry unreadable right after writing it")
     entry.status = "built"
     return entry
 
 
-def _load(path: Path, description: dict) -> tuple[CacheEntry | None, str | None]:
+_READ_ONLY = (errno.EACCES, errno.EPERM, errno.EROFS)
+
+
+def read_entry(path: str | os.PathLike, check_for: Callable[[dict], Check | None]
+               ) -> tuple[dict | None, CacheEntry | None, str | None]:
+    """An entry found on disk, checked without knowing its inputs beforehand (``inspect-data
+    verify``): its stored description must hash to its name, and ``check_for(description)``
+    gives the value checks for the inputs it names (None: not checked).
+
+    Returns:
+        (description or None when unreadable, entry or None, problem or None); a problem
+        starts with the file name inside the entry.
+    """
+    path = Path(path)
+    try:
+        with open(path / _DESCRIPTION) as fh:
+            description = json.load(fh)["description"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        return None, None, f"{_DESCRIPTION}: missing or unreadable ({error})"
+    if not isinstance(description, dict) or not path.name.endswith(f"-{entry_key(description)}"):
+        return None, None, f"{_DESCRIPTION}: does not match the inputs its entry is named after"
+    entry, problem = _load(path, description, check_for(description))
+    return description, entry, problem
+
+
+def _load(path: Path, description: dict, check: Check | None = None
+          ) -> tuple[CacheEntry | None, str | None]:
     """(entry, None) when valid; (None, reason) when present but invalid; (None, None) when
-    absent."""
+    absent. A reason starts with the file inside the entry that is at fault."""
     try:
         with open(path / _DESCRIPTION) as fh:
             stored = json.load(fh)
     except FileNotFoundError:
-        return None, None if not path.exists() else "description.json is missing"
+        return None, None if not path.exists() else f"{_DESCRIPTION}: missing"
     except (OSError, ValueError) as error:
-        return None, f"unreadable description.json ({error})"
-    if stored.get("description") != json.loads(json.dumps(description)):
-        return None, "description.json does not match the inputs it is named after"
+        return None, f"{_DESCRIPTION}: unreadable ({error})"
+    if not isinstance(stored, dict) or (
+            stored.get("description") != json.loads(json.dumps(description))):
+        return None, f"{_DESCRIPTION}: does not match the inputs it is named after"
     arrays = {}
-    for array_name, spec in stored.get("arrays", {}).items():
+    specs = stored.get("arrays")
+    if not isinstance(specs, dict):
+        return None, f"{_DESCRIPTION}: lists no arrays"
+    for array_name, spec in specs.items():
         array_path = path / f"{array_name}.npy"
         try:
             array = np.load(array_path, mmap_mode="r", allow_pickle=False)
         except (OSError, ValueError) as error:
-            return None, f"{array_name}.npy is unreadable or truncated ({error})"
-        if list(array.shape) != spec["shape"] or str(array.dtype) != spec["dtype"]:
-            return None, (f"{array_name}.npy is {array.dtype}{list(array.shape)}, its "
-                          f"description says {spec['dtype']}{spec['shape']}")
+            return None, f"{array_name}.npy: unreadable or truncated ({error})"
+        if not isinstance(spec, dict) or (
+                [list(array.shape), str(array.dtype)] != [spec.get("shape"), spec.get("dtype")]):
+            return None, (f"{array_name}.npy: {array.dtype}{list(array.shape)}, its "
+                          f"description says {spec}")
         arrays[array_name] = array
-    return CacheEntry(path, arrays, stored.get("metadata", {}), "reused"), None
+    metadata = stored.get("metadata", {})
+    if check is not None:
+        try:
+            problem = check(arrays, metadata)
+        except (KeyError, TypeError, ValueError, IndexError) as error:  # a missing array...
+            problem = f"{_DESCRIPTION}: does not describe this kind of index ({error!r})"
+        if problem is not None:
+            return None, problem
+    return CacheEntry(path, arrays, metadata, "reused"), None
 
 
 def _publish(path: Path, description: dict, arrays: dict[str, np.ndarray],

@@ -37,6 +37,7 @@ from bloomline.dataprep.fingerprint import (
 
 __all__ = [
     "DTYPE_CODES",
+    "TOKEN_DTYPE_CODES",
     "CorruptTokenFileError",
     "IndexedDataset",
     "IndexedDatasetWriter",
@@ -59,10 +60,16 @@ DTYPE_CODES: dict[int, np.dtype] = {
     8: np.dtype(np.uint16),
 }
 _CODE_OF_DTYPE = {dtype: code for code, dtype in DTYPE_CODES.items()}
+# Megatron's ``DType`` enum also names float64 (6) and float32 (7): the format is generic, but
+# token ids are integers, and its preprocessing writes only uint16 or int32 (as we do). A float
+# code is refused for token data (a float32 file read as ids would be garbage).
+TOKEN_DTYPE_CODES = frozenset(code for code, dtype in DTYPE_CODES.items()
+                              if np.issubdtype(dtype, np.integer))
 # Megatron switches to int32 tokens a little below 2**16 (``vocab_size < 65500``); keep the
 # same threshold so files are byte-identical to what its preprocessing writes.
 UINT16_VOCAB_LIMIT = 65500
 _BLOCK = 1 << 20  # entries per block when streaming arrays to disk (8 MiB of int64)
+_CHECK_BLOCK = 1 << 16  # entries per block of the open-time checks (512 KiB of int64)
 
 
 class CorruptTokenFileError(UserError):
@@ -123,9 +130,12 @@ class IndexedDataset:
     """Validating, memory-mapped reader of a ``.bin``/``.idx`` pair.
 
     ``ds[i]`` is sequence ``i`` as a read-only numpy view into the memory-mapped ``.bin`` (no
-    copy). Opening checks everything that costs O(1) (magic, version, dtype code, array sizes
-    against the file size, ``.bin`` size against the last offset, boundaries); :meth:`verify`
-    adds the O(S) checks.
+    copy). Opening checks the whole index, so that no reader (``ds[i]``, the compiled batch
+    gather) can be sent outside the ``.bin`` by a damaged or foreign file: magic, version, an
+    integer token dtype code, array sizes against the file size, document boundaries (from 0
+    to S, never decreasing), lengths (never negative), byte offsets (the running sum of the
+    lengths in bytes, from 0) and the ``.bin`` size (exactly where the last sequence ends).
+    The array checks are vectorized numpy over the index in blocks; the ``.bin`` is not read.
 
     Args:
         path_prefix: ``corpus/NAME`` (``corpus/NAME.idx`` or ``.bin`` are accepted too).
@@ -157,6 +167,11 @@ class IndexedDataset:
             raise CorruptTokenFileError(f"{bad} version {version}, only version 1 is supported")
         if code not in DTYPE_CODES:
             raise CorruptTokenFileError(f"{bad} unknown dtype code {code}")
+        if code not in TOKEN_DTYPE_CODES:
+            raise CorruptTokenFileError(
+                f"{bad} dtype code {code} ({DTYPE_CODES[code].name}) is not an integer type; "
+                "token ids must be integers (uint16 or int32 as written by dataprep and "
+                "Megatron's preprocessing)")
         expected = HEADER.size + 4 * num_seq + 8 * num_seq + 8 * num_bounds
         if idx_size != expected:
             kind = "truncated" if idx_size < expected else "has trailing bytes"
@@ -173,24 +188,8 @@ class IndexedDataset:
         self.sequence_pointers = np.frombuffer(mm, np.int64, num_seq, offset)
         offset += 8 * num_seq
         self.document_indices = np.frombuffer(mm, np.int64, num_bounds, offset)
-        if num_bounds < 1 or self.document_indices[0] != 0:
-            raise CorruptTokenFileError(f"{bad} document boundaries must start at 0")
-        if self.document_indices[-1] != num_seq:
-            raise CorruptTokenFileError(
-                f"{bad} last document boundary {int(self.document_indices[-1])} != "
-                f"number of sequences {num_seq}"
-            )
         bin_size = self.bin_path.stat().st_size
-        needed = 0
-        if num_seq:
-            needed = int(self.sequence_pointers[-1]) + int(self.sequence_lengths[-1]) * (
-                self.dtype.itemsize
-            )
-        if bin_size != needed:
-            kind = "truncated" if bin_size < needed else "longer than its index says"
-            raise CorruptTokenFileError(
-                f"{self.bin_path}: {kind}: {bin_size} bytes, the index needs {needed}"
-            )
+        self._check_index(bin_size)
         # np.memmap refuses empty files; an empty corpus simply has no token buffer.
         self._bin = np.memmap(self.bin_path, np.uint8, "r") if bin_size else np.zeros(0, np.uint8)
 
@@ -227,33 +226,89 @@ class IndexedDataset:
         """Total tokens in ``.bin``."""
         return int(self.sequence_lengths.sum(dtype=np.int64))
 
+    def _check_index(self, bin_size: int) -> None:
+        """The index checks of opening (see the class docstring).
+
+        Vectorized over blocks of ``_CHECK_BLOCK`` entries into reused buffers, so that the
+        temporaries stay in the CPU cache whatever the file's size: the cost is one read of
+        the index (~20 bytes per sequence).
+
+        Raises:
+            CorruptTokenFileError: one line naming the file and the first bad sequence or
+                document.
+        """
+        bad = f"{self.idx_path}: not a valid MMIDIDX index:"
+        corrupt = f"{self.idx_path}: corrupted index:"
+        bounds = self.document_indices
+        num_seq = len(self.sequence_lengths)
+        if len(bounds) < 1 or bounds[0] != 0:
+            raise CorruptTokenFileError(f"{bad} document boundaries must start at 0")
+        if bounds[-1] != num_seq:
+            raise CorruptTokenFileError(
+                f"{bad} last document boundary {int(bounds[-1])} != number of sequences "
+                f"{num_seq}")
+        block = _CHECK_BLOCK
+        flags = np.empty(block, dtype=bool)
+        for start in range(0, len(bounds) - 1, block):
+            stop = min(start + block, len(bounds) - 1)  # steps into boundaries start+1..stop
+            down = flags[: stop - start]
+            np.less(bounds[start + 1 : stop + 1], bounds[start:stop], out=down)
+            if down.any():
+                document = start + int(np.argmax(down))
+                raise CorruptTokenFileError(
+                    f"{corrupt} document boundaries decrease at document {document} "
+                    f"({int(bounds[document])} then {int(bounds[document + 1])})")
+        lengths, pointers = self.sequence_lengths, self.sequence_pointers
+        if num_seq and lengths.min() < 0:
+            sequence = int(np.argmax(lengths < 0))
+            raise CorruptTokenFileError(
+                f"{corrupt} negative length {int(lengths[sequence])} at sequence "
+                f"{sequence}{self._document_of(sequence)}")
+        # Offsets are the running sum of the lengths in bytes: offset 0 is 0 and each step is
+        # the previous sequence's size. Then every offset is >= 0 and increasing, and all lie
+        # inside the .bin once the last sequence ends exactly at its size (checked last).
+        if num_seq and pointers[0] != 0:
+            self._bad_offset(0, 0)
+        itemsize = self.dtype.itemsize
+        steps, sizes = np.empty(block, dtype=np.int64), np.empty(block, dtype=np.int64)
+        for start in range(0, num_seq - 1, block):
+            stop = min(start + block, num_seq - 1)  # steps into sequences start+1..stop
+            count = stop - start
+            np.subtract(pointers[start + 1 : stop + 1], pointers[start:stop], out=steps[:count])
+            np.multiply(lengths[start:stop], itemsize, out=sizes[:count], dtype=np.int64)
+            wrong = np.not_equal(steps[:count], sizes[:count], out=flags[:count])
+            if wrong.any():
+                sequence = start + int(np.argmax(wrong)) + 1
+                self._bad_offset(sequence, int(pointers[sequence - 1])
+                                 + int(lengths[sequence - 1]) * itemsize)
+        needed = int(pointers[-1]) + int(lengths[-1]) * itemsize if num_seq else 0
+        if bin_size != needed:
+            kind = "truncated" if bin_size < needed else "longer than its index says"
+            raise CorruptTokenFileError(
+                f"{self.bin_path}: {kind}: {bin_size} bytes, the index needs {needed}")
+
+    def _document_of(self, sequence: int) -> str:
+        """`` (document D)`` of a sequence, for messages (boundaries checked already)."""
+        document = int(np.searchsorted(self.document_indices, sequence, side="right")) - 1
+        return f" (document {document})"
+
+    def _bad_offset(self, sequence: int, expected: int) -> None:
+        offset = int(self.sequence_pointers[sequence])
+        what = ("negative" if offset < 0 else
+                f"past the end of {self.bin_path.name} ({self.bin_path.stat().st_size} bytes)"
+                if offset > self.bin_path.stat().st_size else
+                "not the running sum of the lengths before it")
+        raise CorruptTokenFileError(
+            f"{self.idx_path}: corrupted index: byte offset of sequence {sequence}"
+            f"{self._document_of(sequence)} is {offset}, expected {expected}: {what}")
+
     def verify(self) -> None:
-        """The O(S) checks: offsets are the prefix sum of lengths, boundaries are monotonic.
+        """Repeat the index checks of opening (kept for callers; they are all done on open).
 
         Raises:
             CorruptTokenFileError: with the first inconsistency found.
         """
-        bad = f"{self.idx_path}: corrupted index:"
-        lengths = self.sequence_lengths
-        if lengths.size and lengths.min() < 0:
-            raise CorruptTokenFileError(f"{bad} negative length at sequence "
-                                        f"{int(np.argmax(lengths < 0))}")
-        for start in range(0, len(lengths), _BLOCK):
-            block = lengths[start : start + _BLOCK].astype(np.int64) * self.dtype.itemsize
-            base = 0 if start == 0 else int(self.sequence_pointers[start - 1]) + int(
-                lengths[start - 1]) * self.dtype.itemsize
-            expected = np.cumsum(block) - block + base
-            wrong = np.flatnonzero(expected != self.sequence_pointers[start : start + _BLOCK])
-            if wrong.size:
-                raise CorruptTokenFileError(
-                    f"{bad} byte offset of sequence {start + int(wrong[0])} does not follow "
-                    "from the lengths before it"
-                )
-        steps = np.diff(self.document_indices)
-        if steps.size and steps.min() < 0:
-            raise CorruptTokenFileError(
-                f"{bad} document boundaries decrease at document {int(np.argmax(steps < 0))}"
-            )
+        self._check_index(self.bin_path.stat().st_size)
 
     def __getstate__(self) -> dict:
         # Memory maps do not pickle; DataLoader workers reopen the files instead.
@@ -280,21 +335,25 @@ class IndexedDatasetWriter:
         path_prefix: output ``corpus/NAME``.
         dtype: token dtype (see :func:`token_dtype_for_vocab`).
         overwrite: replace an existing pair instead of refusing.
+        temporary_dir: where the temporary files go (default: the output's folder); must be
+            on the output's filesystem (the outputs are renamed from there).
     """
 
     def __init__(self, path_prefix: str | os.PathLike, dtype: np.dtype | type,
-                 overwrite: bool = False) -> None:
+                 overwrite: bool = False, temporary_dir: str | os.PathLike | None = None
+                 ) -> None:
         self.idx_path, self.bin_path = _paths(path_prefix)
         self.dtype = np.dtype(dtype)
-        if self.dtype not in _CODE_OF_DTYPE:
-            raise ValueError(f"dtype {self.dtype} has no MMIDIDX code")
+        if _CODE_OF_DTYPE.get(self.dtype) not in TOKEN_DTYPE_CODES:
+            raise ValueError(f"dtype {self.dtype} is not an integer MMIDIDX token dtype")
         check_can_write([self.bin_path, self.idx_path], overwrite)
         self.idx_path.parent.mkdir(parents=True, exist_ok=True)
         self._tmp: dict[str, Path] = {}
         self._files = {}
         for part in ("bin", "lengths", "docs", "idx"):
             fd, name = tempfile.mkstemp(prefix=f".{self.bin_path.stem}.{part}.",
-                                        suffix=".partial", dir=self.idx_path.parent)
+                                        suffix=".partial",
+                                        dir=temporary_dir or self.idx_path.parent)
             self._tmp[part] = Path(name)
             self._files[part] = os.fdopen(fd, "wb")
         self._files["idx"].close()
@@ -387,7 +446,8 @@ class IndexedDatasetWriter:
     def abort(self) -> None:
         """Drop everything written so far."""
         for fh in self._files.values():
-            fh.close()
+            with contextlib.suppress(OSError):  # flushing onto a full disk: closed anyway
+                fh.close()
         self._done = True
         self._remove_temporaries()
 

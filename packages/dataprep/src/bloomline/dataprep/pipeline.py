@@ -12,6 +12,14 @@ workers go on. The output is the concatenation of chunks in input order, so its 
 depend on the number of workers. At most ``2 * workers`` chunks are in flight, so memory is
 bounded however big the corpus is, and no per-document Python list outlives its chunk.
 
+Stopping: everything a run writes before it succeeds lives in one hidden scratch folder next
+to the outputs, ``.NAME.XXXXXXXX.partial`` (the workers' shards and the outputs' temporary
+files), locked by the run (``flock``) while it lives. SIGINT and SIGTERM make the main process
+kill the workers, remove the scratch folder and exit with one line (130 / 143); a full disk
+is one line naming the output. Workers die with the main process (``PR_SET_PDEATHSIG``), so
+``kill -9`` leaves no orphan writing on; what it leaves, the next run of the same output
+removes: scratch folders of exactly that name pattern whose lock no live run holds.
+
 Beyond one machine, the same pieces run on an engine the cluster already has:
 
 - ``--ray [ADDRESS]`` (:mod:`bloomline.dataprep.ray_tasks`): the chunks become Ray tasks on
@@ -25,9 +33,16 @@ Beyond one machine, the same pieces run on an engine the cluster already has:
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
+import fcntl
 import multiprocessing
 import os
+import re
+import shutil
 import signal
+import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -39,7 +54,7 @@ from pathlib import Path
 import numpy as np
 
 from bloomline.common import faults
-from bloomline.common.atomic import atomic_output_dir, check_can_write
+from bloomline.common.atomic import check_can_write
 from bloomline.common.errors import UserError
 from bloomline.common.progress import Counter, Progress
 from bloomline.dataprep.documents import extract_documents
@@ -50,6 +65,7 @@ from bloomline.dataprep.sources import DEFAULT_CHUNK_BYTES, Chunk, expand_inputs
 from bloomline.dataprep.tokenizer import Tokenizer, load_tokenizer
 
 __all__ = [
+    "TokenizeStoppedError",
     "TokenizeSummary",
     "encode_documents",
     "output_prefixes",
@@ -129,16 +145,51 @@ _state: dict = {}
 
 
 def _init_worker(tokenizer: Tokenizer, keys: list[str], append_eod: bool, skip_bad_lines: bool,
-                 scratch: str, ignore_sigint: bool) -> None:
+                 scratch: str, ignore_sigint: bool, parent: int | None = None) -> None:
     if ignore_sigint:
-        # Also for a worker the pool restarts outside _sigint_ignored (see there).
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        # The main process alone handles Ctrl-C and SIGTERM (a terminal or SLURM signals the
+        # whole group): it kills the workers and cleans up. They arrive here blocked
+        # (_stop_signals_blocked), so one sent while the worker started waits, then is dropped.
+        for signum in _STOP_SIGNALS:
+            signal.signal(signum, signal.SIG_IGN)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+    if parent is not None:
+        _die_with_parent(parent)
     # One thread per worker: Hugging Face tokenizers would otherwise run each batch on a
     # thread pool of every core, in every worker (cores x workers threads fighting).
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     # (the tokenizer arrives pickled as its spec and is loaded here, once per worker)
     _state.update(tokenizer=tokenizer, keys=keys, append_eod=append_eod,
                   skip_bad_lines=skip_bad_lines, scratch=Path(scratch))
+
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _die_with_parent(parent: int) -> None:
+    """Make this worker die when the main process ``parent`` does, even by ``kill -9``.
+
+    On Linux the kernel does it: ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` sends SIGKILL the moment
+    the parent exits, whatever the worker is doing (deep in a tokenizer's C++ code, holding the
+    GIL, where a watching thread could not run). The kernel ties it to the thread that started
+    the worker, which is the thread that runs the job (the pool starts its processes on
+    ``submit``) and outlives the pool. A parent that died before the call is caught by
+    comparing ``getppid``. Elsewhere, a daemon thread polls ``getppid`` twice a second.
+    """
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0:
+                if os.getppid() != parent:  # died before the prctl: no signal will come
+                    os._exit(1)
+                return
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 def encode_documents(tokenizer: Tokenizer, texts: list[str], append_eod: bool
@@ -180,6 +231,7 @@ def _tokenize_chunk(chunk: Chunk) -> _ChunkResult:
         # overwrite: a retried task (Ray) replaces what an attempt that died left behind
         with IndexedDatasetWriter(shard, tokenizer.token_dtype, overwrite=True) as writer:
             writer.add_documents(tokens, lengths)
+            faults.fire("shard", chunk=chunk.index)  # (a full disk, in the survival tests)
         shards[key] = shard
         num_tokens[key] = len(tokens)
         num_empty[key] = int((lengths == 0).sum())
@@ -188,22 +240,69 @@ def _tokenize_chunk(chunk: Chunk) -> _ChunkResult:
                         chunk.source_bytes)
 
 
-@contextlib.contextmanager
-def _sigint_ignored() -> Iterator[None]:
-    """Ignore Ctrl-C while worker processes start, so that they start with it ignored.
+_STOP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM})
 
-    A process started with SIGINT ignored keeps it ignored (Python installs no handler then):
-    a Ctrl-C that lands while a worker is still importing cannot kill it with a traceback.
-    The main process alone handles Ctrl-C: it cancels the queue and cleans up.
+
+@contextlib.contextmanager
+def _stop_signals_blocked() -> Iterator[None]:
+    """Hold back Ctrl-C and SIGTERM while worker processes start, so that they start with them
+    blocked (a blocked set survives fork and exec) until :func:`_init_worker` ignores them: one
+    that lands while a worker still imports cannot kill it with a traceback. This thread gets
+    a signal held back here when the block ends, so the main process still stops on it.
     """
-    if threading.current_thread() is not threading.main_thread():
-        yield  # signal dispositions can only be changed from the main thread
-        return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+class _Terminated(BaseException):
+    """SIGTERM, raised in the main thread as Ctrl-C raises KeyboardInterrupt, so that the run
+    stops and cleans up the same way (a BaseException, which ``except Exception`` lets pass)."""
+
+
+class TokenizeStoppedError(UserError):
+    """The run was stopped by SIGTERM; its partial files were removed."""
+
+    exit_code = 128 + signal.SIGTERM  # the shell's code for a process ended by SIGTERM
+
+
+class _StopSignals:
+    """SIGINT -> KeyboardInterrupt and SIGTERM -> :class:`_Terminated` in the main thread,
+    once: later signals are ignored, so that the cleanup they started (or the finishing of a
+    run past the point of no return, :meth:`hold`) is not cut short. Installed only where the
+    handlers are Python's defaults (an application's own are left alone) and only in the main
+    thread (the only one that can)."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self._holding = False
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> _StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            for signum, default in ((signal.SIGINT, signal.default_int_handler),
+                                    (signal.SIGTERM, signal.SIG_DFL)):
+                if signal.getsignal(signum) is default:
+                    self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame) -> None:
+        if self.received is not None or self._holding:
+            return  # stopping (or finishing) already
+        self.received = signum
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise _Terminated(signum)
+
+    def hold(self) -> None:
+        """From now on a signal no longer stops the run (it is cleaning up or finishing)."""
+        self._holding = True
+
+    def __exit__(self, *exc_info) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
 
 
 def _results_in_flight(chunks: Iterator[Chunk], workers: int, init_args: tuple
@@ -224,8 +323,9 @@ def _results_in_flight(chunks: Iterator[Chunk], workers: int, init_args: tuple
     # spawn, not fork: the parent may hold threads (zstd, arrow) that fork would copy locked.
     context = multiprocessing.get_context("spawn")
     pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker,
-                               initargs=(*init_args, True))
+                               initargs=(*init_args, True, os.getpid()))
     pending: set[Future] = set()
+    finished = False
 
     def fill() -> None:
         while len(pending) < 2 * workers:
@@ -235,7 +335,7 @@ def _results_in_flight(chunks: Iterator[Chunk], workers: int, init_args: tuple
             pending.add(pool.submit(_tokenize_chunk, chunk))
 
     try:
-        with _sigint_ignored():
+        with _stop_signals_blocked():
             fill()  # the pool starts its processes on the first submits
         while pending:
             done, still_running = wait(pending, return_when=FIRST_COMPLETED)
@@ -244,14 +344,154 @@ def _results_in_flight(chunks: Iterator[Chunk], workers: int, init_args: tuple
             for future in done:
                 yield future.result()  # re-raises a worker's BadInputError here
             fill()
+        finished = True
     except BrokenProcessPool:
         # raised by result() or by submit(), whichever notices first
         raise UserError("tokenize: a worker process died (killed, or out of memory); rerun "
                         "with fewer --workers or a smaller --chunk-mb") from None
     finally:
-        # On error or Ctrl-C: drop queued chunks, let running ones finish, then the caller
-        # removes the scratch folder (no worker is left writing into it).
+        # On error, Ctrl-C or SIGTERM: kill the workers (a chunk may take long, or hang) and
+        # wait for them, then the caller removes the scratch folder: no worker is left
+        # writing into it.
+        if not finished:
+            _kill_workers(pool)
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _kill_workers(pool: ProcessPoolExecutor) -> None:
+    """SIGKILL every worker of ``pool`` and reap it (they ignore SIGINT and SIGTERM)."""
+    kill = getattr(pool, "kill_workers", None)  # Python 3.14
+    if kill is not None:
+        kill()
+        return
+    processes = list((getattr(pool, "_processes", None) or {}).values())
+    for process in processes:
+        with contextlib.suppress(Exception):
+            process.kill()
+    for process in processes:
+        with contextlib.suppress(Exception):
+            process.join()
+
+
+def _tokenize_into(writers: dict[str, IndexedDatasetWriter], sources, max_chunk_bytes: int,
+                   txt_per_line: bool, workers: int, init_args: tuple,
+                   ray_address: str | None, summary: TokenizeSummary,
+                   progress: Progress) -> None:
+    """Tokenize every chunk (on the workers, or Ray) and splice the shards into ``writers``
+    in chunk order."""
+    chunks = iter(iter_chunks(sources, max_chunk_bytes, txt_per_line, workers))
+    ready: dict[int, _ChunkResult] = {}
+    next_index = 0
+    if ray_address is not None:
+        from bloomline.dataprep.ray_tasks import ray_results_in_flight
+
+        results = ray_results_in_flight(chunks, ray_address, workers, init_args)
+    else:
+        results = _results_in_flight(chunks, workers, init_args)
+    # closing(): an exception raised here, outside the generator (Ctrl-C while splicing),
+    # must still run its cleanup, which stops every worker writing into the scratch folder,
+    # before that folder is removed. Left to the garbage collector, it ran after the removal,
+    # and a late shard recreated the folder.
+    with contextlib.closing(results):
+        for result in results:
+            ready[result.index] = result
+            # Splice finished shards into the outputs in chunk order, while workers go on.
+            while next_index in ready:
+                done = ready.pop(next_index)
+                faults.fire("splice", chunk=done.index)  # (a full disk, in the survival tests)
+                for key, writer in writers.items():
+                    writer.add_index(done.shards[key])
+                    for suffix in (".bin", ".idx"):
+                        Path(done.shards[key] + suffix).unlink()
+                summary.add(done)
+                progress.update(docs=done.num_documents, text_bytes=done.text_bytes,
+                                tokens=sum(done.num_tokens.values()),
+                                source_bytes=done.source_bytes)
+                next_index += 1
+
+
+# A write that fills the disk or the quota: one line naming the output, not a traceback.
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+# The scratch folder of output NAME: ``.NAME.`` + tempfile's 8 random characters + ``.partial``
+_SCRATCH_RANDOM = "[a-z0-9_]{8}"
+_SCRATCH_LOCK = "lock"
+
+
+@contextlib.contextmanager
+def _scratch_folder(out_dir: Path, name: str) -> Iterator[Path]:
+    """The run's private scratch folder ``OUT_DIR/.NAME.XXXXXXXX.partial``, locked while the
+    run lives and removed on exit whatever happens; stale ones of NAME (left by ``kill -9``, a
+    power cut) are removed first.
+
+    Everything the run writes before it succeeds goes inside (shards, the outputs' temporary
+    files), so one folder is all a killed run can leave behind. The lock (``flock`` on
+    ``lock`` inside, released by the kernel when the process dies) tells a live run's folder
+    from a dead one's, also on a filesystem shared by several machines.
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    removed = _remove_stale_scratch(out_dir, name)
+    if removed:
+        print(f"note: removed {len(removed)} partial folder(s) of an earlier {name} run that "
+              f"was killed: {', '.join(removed)}", file=sys.stderr)
+    while True:
+        scratch = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".partial", dir=out_dir))
+        lock = _lock_scratch(scratch, wait=True)
+        if lock is not None:
+            break  # else another run's cleanup took it between mkdtemp and the lock: again
+    try:
+        yield scratch
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+        os.close(lock)
+
+
+def _lock_scratch(scratch: Path, wait: bool) -> int | None:
+    """The descriptor holding ``scratch``'s lock, or None when another process holds it (not
+    ``wait``) or the folder was removed meanwhile.
+
+    The lock file is created by whoever comes first (a run, or a cleanup looking at a folder
+    whose run died before it made one); the inode check catches a lock taken on a file that
+    a cleanup removed meanwhile, so at most one process holds the folder's live lock.
+    """
+    path = scratch / _SCRATCH_LOCK
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+        held, now = os.fstat(fd), os.stat(path)
+        if (held.st_dev, held.st_ino) == (now.st_dev, now.st_ino):
+            return fd
+    except (BlockingIOError, FileNotFoundError):
+        pass
+    os.close(fd)
+    return None
+
+
+def _remove_stale_scratch(out_dir: Path, name: str) -> list[str]:
+    """Remove the scratch folders of output ``name`` that no live run holds; their names.
+
+    Only folders named exactly ``.NAME.XXXXXXXX.partial`` (``XXXXXXXX`` as ``mkdtemp`` makes
+    them) are looked at: other outputs' (``.NAME.more.XXXXXXXX.partial``, ``.NAMEx...``), the
+    writer's and the index cache's temporary names never match, and a folder whose lock is
+    held belongs to a run still going.
+    """
+    pattern = re.compile(rf"\.{re.escape(name)}\.{_SCRATCH_RANDOM}\.partial")
+    removed = []
+    with os.scandir(out_dir) as entries:
+        candidates = [Path(entry.path) for entry in entries if pattern.fullmatch(entry.name)
+                      and entry.is_dir(follow_symlinks=False)]
+    for folder in candidates:
+        lock = _lock_scratch(folder, wait=False)
+        if lock is None:
+            continue  # a live run's
+        try:
+            shutil.rmtree(folder, ignore_errors=True)
+        finally:
+            os.close(lock)
+        removed.append(folder.name)
+    return removed
 
 
 def tokenize_corpus(
@@ -309,50 +549,40 @@ def tokenize_corpus(
         enabled=show_progress)
     out_dir = Path(output).parent
     started = time.time()
-    with atomic_output_dir(out_dir, Path(output).name) as scratch:
-        writers = {key: IndexedDatasetWriter(prefix, tokenizer.token_dtype, overwrite=overwrite)
-                   for key, prefix in outputs.items()}
-        try:
-            chunks = iter(iter_chunks(sources, max_chunk_bytes, txt_per_line, workers))
-            init_args = (tokenizer, keys, append_eod, skip_bad_lines, str(scratch))
-            ready: dict[int, _ChunkResult] = {}
-            next_index = 0
-            if ray_address is not None:
-                from bloomline.dataprep.ray_tasks import ray_results_in_flight
-
-                results = ray_results_in_flight(chunks, ray_address, workers, init_args)
-            else:
-                results = _results_in_flight(chunks, workers, init_args)
-            # closing(): an exception raised here, outside the generator (Ctrl-C while
-            # splicing), must still run its cleanup, which waits until no worker writes into
-            # the scratch folder, before that folder is removed. Left to the garbage
-            # collector, it ran after the removal, and a late shard recreated the folder.
-            with contextlib.closing(results):
-                for result in results:
-                    ready[result.index] = result
-                    # Splice finished shards into the outputs in chunk order, while workers go on.
-                    while next_index in ready:
-                        done = ready.pop(next_index)
-                        for key, writer in writers.items():
-                            writer.add_index(done.shards[key])
-                            for suffix in (".bin", ".idx"):
-                                Path(done.shards[key] + suffix).unlink()
-                        summary.add(done)
-                        progress.update(docs=done.num_documents, text_bytes=done.text_bytes,
-                                        tokens=sum(done.num_tokens.values()),
-                                        source_bytes=done.source_bytes)
-                        next_index += 1
-            for prefix in outputs.values():  # an overwritten output's records go first
-                fingerprint_path(prefix).unlink(missing_ok=True)
-                shard_record_path(prefix).unlink(missing_ok=True)
-            for writer in writers.values():
-                writer.finalize()
-            for prefix in outputs.values():
-                write_fingerprint(prefix, tokenizer, append_eod)
-        except BaseException:
-            for writer in writers.values():
-                writer.abort()
+    try:
+        with _StopSignals() as stop, _scratch_folder(out_dir, Path(output).name) as scratch:
+            writers = {key: IndexedDatasetWriter(prefix, tokenizer.token_dtype,
+                                                 overwrite=overwrite, temporary_dir=scratch)
+                       for key, prefix in outputs.items()}
+            try:
+                _tokenize_into(writers, sources, max_chunk_bytes, txt_per_line, workers,
+                               (tokenizer, keys, append_eod, skip_bad_lines, str(scratch)),
+                               ray_address, summary, progress)
+                stop.hold()  # past the point of no return: the outputs go into place now
+                for prefix in outputs.values():  # an overwritten output's records go first
+                    fingerprint_path(prefix).unlink(missing_ok=True)
+                    shard_record_path(prefix).unlink(missing_ok=True)
+                for writer in writers.values():
+                    writer.finalize()
+                for prefix in outputs.values():
+                    write_fingerprint(prefix, tokenizer, append_eod)
+            except BaseException:
+                stop.hold()  # a second signal must not cut the cleanup short
+                for writer in writers.values():
+                    writer.abort()
+                raise
+    except _Terminated:
+        raise TokenizeStoppedError(
+            f"tokenize: stopped by SIGTERM; removed the partial files of {output} (nothing "
+            "was written)") from None
+    except OSError as error:
+        if error.errno not in _DISK_FULL:
             raise
+        free = shutil.disk_usage(out_dir).free if out_dir.is_dir() else 0
+        raise UserError(
+            f"{next(iter(outputs.values()))}.bin: {error.strerror} while writing the token "
+            f"files ({free / 1e6:,.1f} MB free in {out_dir}); removed the partial files, "
+            "free space and rerun") from None
     progress.close()
     summary.seconds = progress.elapsed
     if shard is not None:  # last: its presence says the part is complete

@@ -125,8 +125,10 @@ def ray_results_in_flight(chunks: Iterator, address: str, workers: int, init_arg
                 yield ray.get(done[0])
             except ray.exceptions.RayTaskError as err:
                 cause = _cause(ray, err)
-                if isinstance(cause, UserError):
-                    raise cause from None  # a bad input line: the task's one-line message
+                if isinstance(cause, (UserError, OSError)):
+                    # a bad input line (the task's one-line message), a full disk (named by
+                    # tokenize_corpus as for local workers)
+                    raise cause from None
                 raise
             except ray.exceptions.WorkerCrashedError:
                 raise UserError(f"--ray: a chunk's worker died {MAX_RETRIES + 1} times (killed, "
