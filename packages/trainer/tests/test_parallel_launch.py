@@ -191,7 +191,11 @@ def test_a_rank_reports_user_and_file_errors_to_the_launcher(tmp_path, monkeypat
     error_file.unlink()
     with pytest.raises(ZeroDivisionError):
         report_user_errors(fail(ZeroDivisionError()))
-    assert not error_file.exists()
+    # recorded for the restart policy (its signature), not as the user's error
+    recorded = json.loads(error_file.read_text())
+    assert "bloomline_user_error" not in recorded, recorded
+    assert recorded["bloomline_exception"].startswith("ZeroDivisionError:  (test_parallel_"), \
+        recorded
 
 
 def test_multi_node_options_need_a_rendezvous_and_nproc():

@@ -10,11 +10,15 @@ through the command line, torchrun, a process pool or a Ray cluster::
 Each fault is ``ACTION@POINT`` followed by ``:KEY=VALUE`` conditions, all of which must hold:
 
 - points: the trainer's ``step``, ``save`` and ``batch`` (see ``bloomline.trainer.faults``);
-  dataprep's ``chunk`` (a worker about to tokenize chunk ``chunk``);
+  dataprep's ``chunk`` (a worker about to tokenize chunk ``chunk``), ``shard`` (a worker that
+  has written chunk ``chunk``'s shard, before closing it) and ``splice`` (the main process
+  about to append chunk ``chunk`` to the outputs);
 - actions: ``kill`` (SIGKILL to this process: no handler, no cleanup, like a node failure),
-  ``term`` / ``usr1`` (SIGTERM / SIGUSR1 to this process: what SLURM sends), ``hang`` (sleep
-  forever: a stuck collective or a dead NFS mount), ``exit`` (``os._exit(99)``), and the
-  trainer's ``spike``;
+  ``term`` / ``usr1`` / ``int`` (SIGTERM / SIGUSR1 / SIGINT to this process: what SLURM
+  sends, what Ctrl-C sends), ``hang`` (sleep forever: a stuck collective or a dead NFS
+  mount), ``exit`` (``os._exit(99)``), ``error`` (raises ``RuntimeError``: an unexpected
+  exception, a bug), ``enospc`` (raises ``OSError(ENOSPC)``, as a write to a full disk does),
+  and the trainer's ``spike``;
 - conditions: ``rank`` (the global RANK), ``attempt`` (torchrun's restart count, 0 on the first
   start), ``once=PATH`` (fires only in the first process to create PATH: a fault that a retry
   of the same work must survive), and any keyword the point passes (``step``, ``chunk``).
@@ -25,6 +29,7 @@ code at no cost.
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import time
@@ -33,7 +38,8 @@ from functools import cache
 __all__ = ["active_faults", "condition_holds", "fire"]
 
 _VARIABLE = "BLOOMLINE_FAULTS"
-_ACTIONS = ("kill", "term", "usr1", "hang", "exit", "spike")
+_ACTIONS = ("kill", "term", "usr1", "int", "hang", "exit", "error", "enospc", "spike")
+_SIGNALS = {"term": signal.SIGTERM, "usr1": signal.SIGUSR1, "int": signal.SIGINT}
 
 
 @cache
@@ -83,10 +89,14 @@ def fire(point: str, **context) -> None:
         os.write(2, f"fault: {action}@{point} {context}\n".encode())
         if action == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
-        elif action in ("term", "usr1"):
-            os.kill(os.getpid(), signal.SIGTERM if action == "term" else signal.SIGUSR1)
+        elif action in _SIGNALS:
+            os.kill(os.getpid(), _SIGNALS[action])
         elif action == "hang":
             while True:
                 time.sleep(3600)
         elif action == "exit":
             os._exit(99)
+        elif action == "error":
+            raise RuntimeError(f"injected fault: error@{point} {context}")
+        elif action == "enospc":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))

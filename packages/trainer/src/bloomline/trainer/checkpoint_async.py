@@ -15,6 +15,11 @@ One save in flight: ``save`` first waits for the previous one, so staging buffer
 partial folders never pile up. A crash (SIGKILL) before the manifest leaves only a
 ``.step_N.partial`` folder: ``latest_checkpoint`` never returns it and the next save removes it.
 
+A save that fails in the background (a full disk) removes its partial folder there
+(``checkpoint_failure.py``) and its error reaches the training thread at the next step
+(``raise_if_failed``, which the loop calls every step), or at ``save`` / ``wait``, as one
+``UserError`` line: the run stops instead of training on without checkpoints.
+
 Without a process group, ``async_save`` works as it is (checked on torch 2.13: it saves in
 one process, as ``save`` does), so the same path serves one process and many.
 """
@@ -32,6 +37,7 @@ from bloomline.trainer.checkpoint import (
     finish_save,
     saved_state_dict,
 )
+from bloomline.trainer.checkpoint_failure import failed_save
 
 __all__ = ["AsyncCheckpointer"]
 
@@ -75,14 +81,28 @@ class AsyncCheckpointer:
         self.wait()
         pending = begin_save(self.run_dir, step, trainer_state, config, self.keep_last,
                              self.is_writer)
-        written = dcp.async_save(saved_state_dict(model, optimizer),
-                                 checkpoint_id=str(pending.partial), process_group=self._group)
+        with failed_save(pending):  # the staging copy, in this thread
+            written = dcp.async_save(saved_state_dict(model, optimizer),
+                                     checkpoint_id=str(pending.partial),
+                                     process_group=self._group)
         self._in_flight = self._executor.submit(self._finish, written, pending)
         return pending.final
 
     def _finish(self, written: Future, pending: PendingSave) -> Path:
-        written.result()  # every rank's tensors are on disk (DCP's write ends collectively)
-        return finish_save(pending, self._group)
+        with failed_save(pending):
+            written.result()  # every rank's tensors are on disk (DCP's write ends collectively)
+            return finish_save(pending, self._group)
+
+    def raise_if_failed(self) -> None:
+        """Raise the error of a save that failed in the background, if one did (cheap: the
+        training loop calls it every step); a save still running or complete: nothing.
+
+        Raises:
+            Exception: The failed save's error (a ``UserError`` for a full disk).
+        """
+        if self._in_flight is not None and self._in_flight.done() \
+                and self._in_flight.exception() is not None:
+            self.wait()
 
     @property
     def in_flight(self) -> bool:

@@ -209,11 +209,12 @@ EXIT_DEADLINE_SECONDS = 30.0
 
 
 def main() -> None:
-    """The process's entry point. Whatever the command's outcome, the process then ends
-    within ``EXIT_DEADLINE_SECONDS``: a thread or child that would keep it alive past that
-    (a bug: the loop stops its loader workers and waits for its saves) gets every thread's
-    stack dumped to stderr and the process ends with exit code 1, instead of a job that
-    printed its error and hangs until its time limit."""
+    """The process's entry point (``trainer``, ``python -m bloomline.trainer``). Whatever the
+    command's outcome, the process then ends within ``EXIT_DEADLINE_SECONDS``: a thread or
+    child that would keep it alive past that (a bug: the loop stops its loader workers and
+    waits for its saves) gets every thread's stack dumped to stderr and the process ends with
+    exit code 1, instead of a job that printed its error and hangs until its time limit.
+    Called in-process (tests), it arms nothing."""
     try:
         if "TORCHELASTIC_ERROR_FILE" in os.environ:  # a torchrun worker: tell the launcher too
             from bloomline.trainer.parallel.launch import report_user_errors
@@ -222,6 +223,18 @@ def main() -> None:
         else:
             exit_on_user_error(app)
     finally:
-        import faulthandler
+        if _is_process_entry():
+            import faulthandler
 
-        faulthandler.dump_traceback_later(EXIT_DEADLINE_SECONDS, exit=True)
+            faulthandler.dump_traceback_later(EXIT_DEADLINE_SECONDS, exit=True)
+
+
+def _is_process_entry() -> bool:
+    """Whether this process was started to run ``main`` (and ends when it returns)."""
+    import sys
+
+    entry = sys.modules.get("__main__")
+    spec = getattr(entry, "__spec__", None)
+    if spec is not None:  # python -m bloomline.trainer
+        return spec.name == "bloomline.trainer.__main__"
+    return getattr(entry, "main", None) is main  # the console script imports and calls it

@@ -28,18 +28,22 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from bloomline.common.atomic import atomic_output_dir, check_can_write
+from bloomline.common.atomic import atomic_output_dir, check_replaceable_dir
 from bloomline.common.errors import UserError
 from bloomline.dataprep.tokenizer import Tokenizer
 from bloomline.trainer.hf_tokenizer import hf_tokenizer_files
 from bloomline.trainer.model import GPT, ModelConfig
 
 __all__ = ["HFInteropError", "bloom_config", "export_hf", "from_hf_state_dict", "import_hf",
-           "model_config_from_bloom", "to_hf_state_dict"]
+           "model_config_from_bloom", "read_model_config", "to_hf_state_dict"]
 
 _PREFIX = "transformer."
 _HEAD = "lm_head.weight"
 _EMBEDDING = "word_embeddings.weight"
+# what an export folder holds: always, and at most (``--overwrite`` replaces only such a folder)
+_EXPORT_REQUIRED = ("config.json", "model.safetensors")
+_EXPORT_ALLOWED = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
+                   "generation_config.json")
 # the weight files transformers writes, in the order it looks for them
 _WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                  "pytorch_model.bin.index.json")
@@ -225,7 +229,11 @@ def export_hf(model_state_dict: Mapping[str, torch.Tensor], cfg: ModelConfig,
     :func:`~bloomline.trainer.hf_tokenizer.hf_tokenizer_files`).
 
     The folder is built in a hidden sibling ``.NAME.*.partial`` folder and renamed into place
-    when complete, so a crash never leaves a folder that looks like a finished export.
+    when complete, so a crash never leaves a folder that looks like a finished export, and a
+    failure (a full disk) or Ctrl-C removes it. ``overwrite`` replaces only an earlier
+    export: a folder of ``config.json`` + ``model.safetensors`` and the tokenizer files, and
+    nothing else (``bloomline.common.atomic.check_replaceable_dir``): not a run folder, a
+    checkpoint or any folder with other files in it.
 
     Args:
         model_state_dict: our model's full (unsharded) state dict, on any device.
@@ -233,7 +241,7 @@ def export_hf(model_state_dict: Mapping[str, torch.Tensor], cfg: ModelConfig,
         out_dir: the folder to create; an existing empty folder is fine.
         dtype: the saved weights' dtype (float32, bfloat16, float16).
         tokenizer: the run's tokenizer (any kind), or None for no tokenizer files.
-        overwrite: replace an existing non-empty ``out_dir``.
+        overwrite: replace an existing export at ``out_dir`` (see above).
         bos_token_id, eos_token_id, pad_token_id: written to config.json; by default the
             tokenizer's (``special_ids`` bos, eod, pad), else none.
 
@@ -241,13 +249,13 @@ def export_hf(model_state_dict: Mapping[str, torch.Tensor], cfg: ModelConfig,
         ``out_dir`` as a Path.
 
     Raises:
-        UserError: an existing output without ``overwrite``, a tokenizer that is not the
-            model's or cannot be converted, or (HFInteropError) a config BLOOM cannot express
-            or tensors that do not fit it.
+        UserError: an existing output without ``overwrite`` (or one that is not an export),
+            a tokenizer that is not the model's or cannot be converted, or (HFInteropError)
+            a config BLOOM cannot express or tensors that do not fit it.
     """
     out_dir = Path(out_dir)
-    if not (out_dir.is_dir() and not any(out_dir.iterdir())):  # an empty folder is no output
-        check_can_write([out_dir], overwrite)
+    check_replaceable_dir(out_dir, overwrite, "transformers export", _EXPORT_REQUIRED,
+                          _EXPORT_ALLOWED)
     # validate and convert everything before writing anything
     tokenizer_files: dict[str, bytes] = {}
     if tokenizer is not None:
@@ -272,9 +280,15 @@ def export_hf(model_state_dict: Mapping[str, torch.Tensor], cfg: ModelConfig,
             (staged / name).write_bytes(content)
         if out_dir.exists():
             # os.replace cannot replace a non-empty folder: move the old one into the scratch
-            # folder, which is deleted on exit
+            # folder, which is deleted on exit (and back, should the new one not move in)
             os.replace(out_dir, scratch / "replaced")
-        os.replace(staged, out_dir)
+            try:
+                os.replace(staged, out_dir)
+            except BaseException:
+                os.replace(scratch / "replaced", out_dir)
+                raise
+        else:
+            os.replace(staged, out_dir)
     return out_dir
 
 
@@ -308,6 +322,25 @@ def _read_weights(directory: Path) -> tuple[dict[str, torch.Tensor], Path]:
     raise UserError(f"{directory}: no weights found (looked for {', '.join(_WEIGHT_FILES)})")
 
 
+def read_model_config(directory: str | os.PathLike,
+                      base: ModelConfig | None = None) -> ModelConfig:
+    """Our ModelConfig from a BLOOM folder's ``config.json`` (see
+    :func:`model_config_from_bloom` for ``base``); errors name the file."""
+    config_path = Path(directory) / "config.json"
+    if not config_path.is_file():
+        raise UserError(f"{config_path}: not found; a Hugging Face model folder has one")
+    try:
+        config = json.loads(config_path.read_text())
+    except json.JSONDecodeError as err:
+        raise UserError(f"{config_path}: not valid JSON ({err})") from None
+    if not isinstance(config, dict):
+        raise UserError(f"{config_path}: expected a JSON object")
+    try:
+        return model_config_from_bloom(config, base)
+    except HFInteropError as err:
+        raise HFInteropError(f"{config_path}: {err}") from None
+
+
 def import_hf(directory: str | os.PathLike,
               base: ModelConfig | None = None) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     """Our config and fp32 state dict from a BLOOM folder (``config.json`` and
@@ -323,19 +356,7 @@ def import_hf(directory: str | os.PathLike,
         UserError: one line naming the file and the field or tensor at fault.
     """
     directory = Path(directory)
-    config_path = directory / "config.json"
-    if not config_path.is_file():
-        raise UserError(f"{config_path}: not found; a Hugging Face model folder has one")
-    try:
-        config = json.loads(config_path.read_text())
-    except json.JSONDecodeError as err:
-        raise UserError(f"{config_path}: not valid JSON ({err})") from None
-    if not isinstance(config, dict):
-        raise UserError(f"{config_path}: expected a JSON object")
-    try:
-        cfg = model_config_from_bloom(config, base)
-    except HFInteropError as err:
-        raise HFInteropError(f"{config_path}: {err}") from None
+    cfg = read_model_config(directory, base)
     hf_state_dict, source = _read_weights(directory)
     try:
         state_dict = from_hf_state_dict(hf_state_dict)

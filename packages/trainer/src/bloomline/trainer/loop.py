@@ -28,6 +28,7 @@ from bloomline.trainer.curriculum import global_batch_size, sequence_length
 from bloomline.trainer.data import (
     MegatronSampler,
     check_vocabulary,
+    close_loader,
     load_run_tokenizer,
     make_loader,
     open_splits,
@@ -74,6 +75,7 @@ from bloomline.trainer.peak import (
 from bloomline.trainer.precision import Precision, resolve_dtype
 from bloomline.trainer.preemption import PREEMPTED_EXIT_CODE
 from bloomline.trainer.rollback import ROLLBACKS_FILE, append_rollback, read_rollbacks, skip_range
+from bloomline.trainer.run_folder import check_start_point
 from bloomline.trainer.run_guard import RunGuard
 from bloomline.trainer.sample_skips import SkipRanges
 from bloomline.trainer.spikes import SpikeFinding
@@ -125,6 +127,8 @@ def resolve_vocab(cfg: Config) -> None:
 
 class Trainer:
     """One process's training: model, optimizer, precision, data, counters."""
+
+    _loader = None  # the run's micro-batch iterator (its loader worker processes)
 
     def __init__(self, cfg: Config, log=print) -> None:
         rank, local_rank, world_size = world_info()
@@ -406,14 +410,29 @@ class Trainer:
             self._async_saver.wait()
             self.guard.watchdog.disarm()
 
+    def _settle_saves(self) -> None:
+        """When the run fails with a checkpoint still being written in the background: let it
+        complete (under the watchdog), so that what it holds is kept; its own failure is
+        logged, the run's error stays the one reported."""
+        if self._async_saver is None or not self._async_saver.in_flight:
+            return
+        try:
+            self._finish_saves()
+        except Exception as err:  # noqa: BLE001 - the run's own error is on its way out
+            self.log(f"the checkpoint being written when the run failed: {err}")
+
     def run(self) -> dict:
         """Train to the end of ``train.train_samples`` (or a stop: ``exit_interval``, a signal,
         ``train.max_wallclock``, too many rollbacks). Returns the trainer state; a run that
         stopped early to be continued has ``state["stopped"]`` set to the reason."""
-        self.guard.start()  # from here on a SIGTERM / SIGUSR1 asks for a checkpoint
+        # the run folder's lock; from here on a SIGTERM / SIGUSR1 / SIGINT asks for a checkpoint
+        self.guard.start()
         try:
             return self._run()
-        finally:
+        finally:  # also when the run fails: no loader worker or save outlives it
+            close_loader(self._loader)
+            self._loader = None
+            self._settle_saves()
             self.guard.close()
 
     def _run(self) -> dict:
@@ -427,6 +446,7 @@ class Trainer:
             raise UserError(f"data: the train split serves {len(train)} samples, fewer than "
                             f"train.train_samples {cfg.train.train_samples}")
         resumed = self.resume()
+        check_start_point(self.run_dir, cfg.checkpoint.resume, resumed, self.state["step"])
         self._merge_skips()
         state = self.state  # after resume(), which replaces it
         # the matmul peak for MFU, while nothing else of this run computes: the loader workers,
@@ -514,8 +534,10 @@ class Trainer:
         sampler = MegatronSampler(cfg.train.train_samples, self.state["consumed_samples"],
                                   cfg.train.micro_batch_size, self.layout.dp_rank,
                                   self.layout.dp, self.skips)
-        loader = iter(make_loader(train, sampler, cfg.data.num_workers,
-                                  cfg.data.prefetch_factor, self.device.type == "cuda"))
+        close_loader(self._loader)  # a rollback's new position: the old workers go now
+        self._loader = loader = iter(make_loader(train, sampler, cfg.data.num_workers,
+                                                 cfg.data.prefetch_factor,
+                                                 self.device.type == "cuda"))
         wants_ids = faults.spike_samples() or blend_of(train) is not None
         return loader, (iter(sampler) if wants_ids else None)
 
@@ -553,6 +575,8 @@ class Trainer:
                                      num_sources=len(blend.names) if blend else 0)
             verdict = guard.judge(result)
             guard.watchdog.disarm(step_finished=True)
+            if self._async_saver is not None:  # a background save's failure ends the run now
+                self._async_saver.raise_if_failed()
             if verdict.finding is not None and self._roll_back(verdict.finding, step, metrics):
                 total_steps = self.total_steps()
                 loader, sample_ids = self._open_batches(train)

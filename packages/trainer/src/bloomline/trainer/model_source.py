@@ -19,7 +19,6 @@ checkpoint folder of any layout (DCP reshards it).
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +31,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from bloomline.common.errors import UserError
 from bloomline.trainer import checkpoint as ckpt
-from bloomline.trainer.hf import HFInteropError, import_hf, model_config_from_bloom
+from bloomline.trainer.hf import import_hf, read_model_config
 from bloomline.trainer.model.config import ModelConfig
 
 __all__ = ["ARCHITECTURE_FIELDS", "ModelSource", "load_initial_weights",
@@ -72,17 +71,7 @@ def _source_format(path: Path) -> str:
 def _source_model(path: Path, fmt: str, recipe: ModelConfig, config_cls: type) -> ModelConfig:
     """The model settings a source holds, on top of the recipe's compute fields."""
     if fmt == "hf":
-        config_path = path / "config.json"
-        try:
-            config = json.loads(config_path.read_text())
-        except json.JSONDecodeError as err:
-            raise UserError(f"{config_path}: not valid JSON ({err})") from None
-        if not isinstance(config, dict):
-            raise UserError(f"{config_path}: expected a JSON object")
-        try:
-            return model_config_from_bloom(config, recipe)
-        except HFInteropError as err:
-            raise HFInteropError(f"{config_path}: {err}") from None
+        return read_model_config(path, recipe)
     return ckpt.load_config_of(path, config_cls).model
 
 

@@ -2,6 +2,11 @@
 run to finish its current step, write a checkpoint and exit with ``PREEMPTED_EXIT_CODE``, the
 code the SLURM example requeues on. ``train.max_wallclock`` asks the same before a time limit.
 
+SIGINT (Ctrl-C) too: a run of days stopped by hand keeps its last steps, and a terminal's
+Ctrl-C and ``kill -INT`` then mean what ``scancel`` means. A second SIGINT aborts at once
+(``KeyboardInterrupt``: no checkpoint, the newest complete one stays), with a line saying so;
+the first one prints what will happen, since a step and a save may take minutes.
+
 A signal reaches one process (or some): the handler only sets a flag, and the ranks agree once
 per step (one small all-reduce, ``StopRequests.agree``) so that all of them stop after the same
 step and write the same checkpoint.
@@ -28,7 +33,7 @@ __all__ = ["PREEMPTED_EXIT_CODE", "PREEMPT_FILE_VARIABLE", "StopRequests", "exit
 # EX_TEMPFAIL (sysexits.h): "a temporary failure; the user is invited to retry"
 PREEMPTED_EXIT_CODE = 75
 PREEMPT_FILE_VARIABLE = "BLOOMLINE_PREEMPT_FILE"
-_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
 
 class StopRequests:
@@ -41,12 +46,16 @@ class StopRequests:
         self._previous: dict[int, object] = {}
 
     def install(self) -> None:
-        """Catch SIGTERM and SIGUSR1. Python lets only the main thread set handlers: a
+        """Catch SIGTERM, SIGUSR1 and SIGINT. Python lets only the main thread set handlers: a
         trainer run from another thread (a notebook's worker, a test harness) keeps the
-        process's handlers and is stopped by its launcher instead."""
+        process's handlers and is stopped by its launcher instead. A SIGINT that was ignored
+        when the process started (a background job of a non-interactive shell) stays
+        ignored, as Python itself leaves it."""
         if threading.current_thread() is not threading.main_thread():
             return
         for sig in _SIGNALS:
+            if sig == signal.SIGINT and signal.getsignal(sig) is signal.SIG_IGN:
+                continue
             self._previous[sig] = signal.signal(sig, self._on_signal)
 
     def uninstall(self) -> None:
@@ -56,7 +65,18 @@ class StopRequests:
 
     def _on_signal(self, signum, frame) -> None:  # noqa: ARG002 - signal handler signature
         # only a flag: the step in progress finishes, then every rank saves together
-        self.signal = signum
+        if signum == signal.SIGINT:
+            if self.signal == signal.SIGINT:  # the second Ctrl-C: abort now
+                raise KeyboardInterrupt("a second SIGINT stopped the run at once, without a "
+                                        "checkpoint; the newest complete one stays (resume "
+                                        "with --resume auto)")
+            if os.environ.get("RANK", "0") == "0":  # once per run, not once per rank
+                # one write(2), not print(): the handler may run in the middle of a print
+                os.write(2, b"SIGINT: finishing this step, then saving a checkpoint and "
+                            b"stopping (exit code 75); Ctrl-C again to stop at once without "
+                            b"saving\n")
+        if self.signal is None or signum == signal.SIGINT:
+            self.signal = signum
 
     def local_reason(self, reserve_seconds: float) -> str:
         """This process's reason to stop now ('' for none). ``reserve_seconds``: what the next

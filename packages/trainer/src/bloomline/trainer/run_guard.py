@@ -1,6 +1,7 @@
 """What keeps a long run alive, in one place the training loop consults at each step: the spike
 detector (``spikes.py``), the stop requests of signals and the wall-clock budget
-(``preemption.py``) and the hang watchdog (``watchdog.py``).
+(``preemption.py``) and the hang watchdog (``watchdog.py``); and, for the run's life, the run
+folder's lock (``run_folder.py``: one trainer per run folder).
 
 ``RunGuard.judge`` is the one point where the ranks agree: each rank's finding (a spike or a
 non-finite value) and stop request go through a single all-reduce (max), so every rank of every
@@ -13,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bloomline.trainer.preemption import StopRequests
+from bloomline.trainer.run_folder import RunLock
 from bloomline.trainer.spikes import SpikeDetector, SpikeFinding
 from bloomline.trainer.watchdog import Watchdog
 
@@ -35,14 +37,21 @@ class RunGuard:
         self.detector = SpikeDetector.from_config(cfg.spike)
         self.stops = StopRequests(cfg.train.max_wallclock)
         self.watchdog = Watchdog.from_config(cfg, run_dir, rank)
+        self.lock = RunLock(run_dir, is_holder=rank == 0)
         self.last_save_seconds = 0.0
 
     def start(self) -> None:
+        """Take the run folder's lock (collective; a UserError when another trainer holds
+        it), then catch the stop signals."""
+        self.lock.acquire()
         self.stops.install()
 
     def close(self) -> None:
-        self.stops.uninstall()
-        self.watchdog.close()
+        try:
+            self.stops.uninstall()
+            self.watchdog.close()
+        finally:
+            self.lock.release()
 
     def judge(self, result: dict) -> Verdict:
         """This step's verdict, the same on every rank. Good steps join the spike baseline."""

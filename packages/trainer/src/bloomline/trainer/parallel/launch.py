@@ -20,6 +20,21 @@ every rank (SIGTERM, then SIGKILL after 30 s), meets the other nodes again and s
 anew, up to N times; the new ranks resume from the run's newest complete checkpoint
 (``checkpoint.resume=auto``). Only when the restarts are spent does the run fail.
 
+Restarts are for failures that a new start can get past (a killed rank, a lost GPU, a flaky
+node), not for ones it would meet again at once, N times over (each with a rendezvous and a
+checkpoint load) before failing with the same line. The agent cannot tell them apart; our
+workers say which is which in the error file, and ``_RestartPolicy`` (wrapping the agent's
+monitor, as torch's own D-state check does) ends the restarts when a rank failed with:
+
+- a ``UserError`` (or an OS error on a named file, which is reported alike): a problem in the
+  input or the machine's state the user controls (a config, a corpus, a full disk, a run
+  folder in use), which the same command meets again; the run ends with its line;
+- any other exception that the previous attempt raised too (same type, message and place):
+  it will recur. A first one is restarted (torch cannot tell a bug from a device error that
+  surfaces as a RuntimeError); a death by signal (SIGKILL, the OOM killer) always is;
+- anything, once the launcher has forwarded a stop (SIGUSR1, Ctrl-C): the run was asked to
+  stop, and a rank that had not yet installed its handlers died of the signal.
+
 Preemption (exit codes: 0 done, 75 saved and stopped, to be requeued, anything else failed):
 
 - ``BLOOMLINE_PREEMPT_FILE``: a worker that stopped to be continued (a signal, or
@@ -29,13 +44,18 @@ Preemption (exit codes: 0 done, 75 saved and stopped, to be requeued, anything e
   finishes its step, saves with the others and exits; the agent keeps watching meanwhile, with
   no time limit. Needed because torchrun starts each worker in a session of its own (so a
   signal to the launcher's process group misses them) and does not handle SIGUSR1 itself.
-- SIGTERM / SIGINT to the launcher: torchrun's agent sends the same signal to every worker and
-  SIGKILLs those still running 30 s later (``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``): a worker saves
-  within that time or not at all. For big models ask the scheduler for SIGUSR1 early instead.
+- SIGINT (Ctrl-C) to the launcher: forwarded like SIGUSR1 (every worker saves after its step
+  and stops; no time limit); a second SIGINT ends the run at once: the agent sends the
+  workers SIGINT again (theirs: stop now, without saving) and SIGKILLs what is left 30 s
+  later.
+- SIGTERM to the launcher: torchrun's agent sends the same signal to every worker and SIGKILLs
+  those still running 30 s later (``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``): a worker saves within
+  that time or not at all. For big models ask the scheduler for SIGUSR1 early instead.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -43,6 +63,7 @@ import shutil
 import signal
 import tempfile
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
@@ -56,6 +77,10 @@ T = TypeVar("T")
 # set by ``launch`` for its workers: the launcher prints their UserErrors, so they stay quiet
 _LAUNCHED = "BLOOMLINE_LAUNCHED"
 _MARK = "bloomline_user_error"
+# in the error file of a rank that failed with another exception: what identifies it
+_SIGNATURE = "bloomline_exception"
+# the stop signals the launcher has forwarded to its workers (SIGUSR1, SIGINT)
+_STOP_FORWARDED: list[int] = []
 _SHARE_STORE_OFF = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 
 
@@ -72,24 +97,39 @@ def report_user_errors(fn: Callable[[], T]) -> T:
     """Run ``fn`` (a rank's main); a ``UserError`` (or an OS error on a named file, which
     ``exit_on_user_error`` treats alike) is also written into torchrun's error file for this
     worker, where the launcher finds it. Re-raised for ``exit_on_user_error`` to print, except
-    under ``launch``, which prints it once for all ranks."""
+    under ``launch``, which prints it once for all ranks. Any other exception keeps its
+    traceback; the error file gets its signature (type, message, place), by which the
+    launcher tells an error that recurs at every restart (module docstring)."""
     try:
         return fn()
-    except (UserError, OSError) as err:
+    except Exception as err:
         if isinstance(err, UserError):
             message, code = str(err), err.exit_code
-        elif err.filename is not None:
+        elif isinstance(err, OSError) and err.filename is not None:
             message, code = f"{err.filename}: {err.strerror}", 1
         else:
+            _write_error_file({"message": _signature(err), _SIGNATURE: _signature(err)})
             raise
-        error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
-        if error_file:
-            # torchrun's ProcessFailure reads {"message": str, "timestamp": int}
-            with open(error_file, "w") as out:
-                json.dump({"message": message, "timestamp": int(time.time()), _MARK: True}, out)
+        _write_error_file({"message": message, _MARK: True})
         if os.environ.get(_LAUNCHED) == "1":
             raise SystemExit(code) from None
         raise
+
+
+def _signature(err: BaseException) -> str:
+    """``Type: first line of the message (file:line)``, the place being where it was raised."""
+    frames = traceback.extract_tb(err.__traceback__)
+    where = f" ({Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0] if text else ''}{where}"
+
+
+def _write_error_file(record: dict) -> None:
+    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if error_file:
+        # torchrun's ProcessFailure reads {"message": str, "timestamp": int}
+        with open(error_file, "w") as out:
+            json.dump({**record, "timestamp": int(time.time())}, out)
 
 
 def launch(nproc: int, args: Sequence[str], nnodes: int = 1, rdzv_endpoint: str = "",
@@ -120,11 +160,12 @@ def launch(nproc: int, args: Sequence[str], nnodes: int = 1, rdzv_endpoint: str 
     # torchrun's --monitor-interval (how often the agent polls its workers) is 0.1 s by default
     # in torch 2.13 (run.py), nothing next to the seconds a restart takes (new processes, a
     # rendezvous, a checkpoint load): the default stays. The signals that end the run are
-    # torchrun's defaults, named so that a PET_SIGNALS_TO_HANDLE with SIGUSR1 in it cannot turn
-    # the forwarding below into a shutdown that SIGKILLs the savers after 30 s.
+    # torchrun's defaults but SIGINT (the launcher forwards a first one: _Interrupt), named so
+    # that a PET_SIGNALS_TO_HANDLE with SIGUSR1 in it cannot turn the forwarding below into a
+    # shutdown that SIGKILLs the savers after 30 s.
     argv = ["--nproc-per-node", str(nproc), "--nnodes", str(nnodes),
             "--max-restarts", str(max_restarts),
-            "--signals-to-handle", "SIGTERM,SIGINT,SIGHUP,SIGQUIT"]
+            "--signals-to-handle", "SIGTERM,SIGHUP,SIGQUIT"]
     if rdzv_endpoint:
         argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", rdzv_endpoint,
                  "--rdzv-id", rdzv_id or os.environ.get("SLURM_JOB_ID", "bloomline")]
@@ -151,15 +192,20 @@ def launch(nproc: int, args: Sequence[str], nnodes: int = 1, rdzv_endpoint: str 
         # on a fresh port at every restart. Read by the agent in this process.
         os.environ.setdefault(_SHARE_STORE_OFF, "1")
     _quiet_agent()
+    _STOP_FORWARDED.clear()
     _set_handler(signal.SIGUSR1, _forward_to_workers)
+    _set_handler(signal.SIGINT, _Interrupt())
+    policy = _RestartPolicy()
     failure: tuple[str, int] | None = None
     try:
         try:
-            run(parsed)
+            with policy.installed():
+                run(parsed)
         except ChildFailedError as err:
             _ignore_late_signals()
-            failure = _first_failure(err, max_restarts)
-        except SignalException as err:  # Ctrl-C, or SLURM's SIGTERM at the time limit
+            failure = _first_failure(err, policy.restarts if policy.attempts else max_restarts,
+                                     policy.reason)
+        except SignalException as err:  # a second Ctrl-C, or SLURM's SIGTERM at the limit
             _ignore_late_signals()
             failure = (f"stopped by {err.sigval.name}; the agent stopped every rank",
                        128 + int(err.sigval))
@@ -208,6 +254,7 @@ def _forward_to_workers(signum: int, frame) -> None:  # noqa: ARG001 - signal ha
     not its process group as torchrun's SIGTERM goes: data-loader worker processes there would
     die of an unhandled SIGUSR1. Receiving it twice (SLURM also signals every process of the
     step directly) is harmless: the workers' handler only sets a flag."""
+    _STOP_FORWARDED.append(signum)  # a rank that fails from now on is not restarted
     pids = _worker_pids()
     for pid in pids:
         try:
@@ -217,6 +264,87 @@ def _forward_to_workers(signum: int, frame) -> None:  # noqa: ARG001 - signal ha
     # one write(2), not print(): a handler may run in the middle of another print
     os.write(2, f"launcher: {signal.Signals(signum).name} forwarded to {len(pids)} worker "
                 f"process(es); they save after this step and stop\n".encode())
+
+
+class _Interrupt:
+    """The launcher's SIGINT (Ctrl-C) handler: the first is forwarded to the workers like
+    SIGUSR1 (they save and stop); the second ends the run through torchrun's own shutdown
+    (``SignalException``), which sends the workers SIGINT again: their second, on which they
+    stop at once."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __call__(self, signum: int, frame) -> None:
+        from torch.distributed.elastic.multiprocessing.api import SignalException
+
+        self.count += 1
+        if self.count > 1:
+            raise SignalException(f"Process {os.getpid()} got signal: SIGINT (second)",
+                                  sigval=signal.SIGINT)
+        _forward_to_workers(signum, frame)
+        os.write(2, b"launcher: Ctrl-C again to stop every rank at once, without saving\n")
+
+
+class _RestartPolicy:
+    """No restart after a failure that a restart would meet again (module docstring): wraps
+    torchrun's ``LocalElasticAgent._monitor_workers`` while installed, and on a failed
+    attempt whose error files say so sets the agent's remaining restarts to 0, as torch's own
+    check for workers stuck in D-state does. ``restarts`` counts the restarts made, ``reason``
+    says why they ended early ('' if they did not)."""
+
+    def __init__(self) -> None:
+        self.restarts = 0
+        self.reason = ""
+        self.attempts = 0
+        self._previous: set[str] = set()
+
+    @contextlib.contextmanager
+    def installed(self):
+        try:
+            from torch.distributed.elastic.agent.server.api import WorkerState
+            from torch.distributed.elastic.agent.server.local_elastic_agent import (
+                LocalElasticAgent,
+            )
+        except ImportError:  # another torch: its restarts as they are
+            yield
+            return
+        original = LocalElasticAgent._monitor_workers
+        policy = self
+
+        def monitor(agent, worker_group):
+            result = original(agent, worker_group)
+            if result.state == WorkerState.FAILED:
+                policy.attempts += 1
+                policy.restarts = policy.attempts - 1
+                reason = policy._judge(result.failures)
+                if reason and getattr(agent, "_remaining_restarts", 0) > 0:
+                    agent._remaining_restarts = 0
+                    policy.reason = reason
+            return result
+
+        LocalElasticAgent._monitor_workers = monitor
+        try:
+            yield
+        finally:
+            LocalElasticAgent._monitor_workers = original
+
+    def _judge(self, failures: dict) -> str:
+        """Why the attempt that failed with ``failures`` must not be restarted ('' if it may
+        be); remembers its exceptions for the next attempt's judgement."""
+        data = [f.error_file_data for f in failures.values()
+                if isinstance(getattr(f, "error_file_data", None), dict)]
+        signatures = {d[_SIGNATURE] for d in data if isinstance(d.get(_SIGNATURE), str)}
+        recurring = sorted(signatures & self._previous)
+        self._previous = signatures
+        if _STOP_FORWARDED:  # a rank that had not installed its handlers yet died of it
+            return (f"the run was asked to stop ({signal.Signals(_STOP_FORWARDED[0]).name} "
+                    "forwarded to the ranks)")
+        if any(d.get(_MARK) for d in data):
+            return "an error in what the run was given, which a restart meets again"
+        if recurring:
+            return f"the previous attempt failed the same way ({recurring[0]})"
+        return ""
 
 
 def _worker_pids() -> list[int]:
@@ -251,10 +379,12 @@ def _quiet_agent() -> None:
             logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
-def _first_failure(err, max_restarts: int = 0) -> tuple[str, int]:
+def _first_failure(err, max_restarts: int = 0, stopped_early: str = "") -> tuple[str, int]:
     """The earliest UserError of any rank, else the first rank's exit code or signal. The
     agent records the ranks it SIGTERMed after the first failure as failed too, with times in
-    whole seconds: within a second, a rank ended by the agent's SIGTERM comes last."""
+    whole seconds: within a second, a rank ended by the agent's SIGTERM comes last.
+    ``max_restarts``: the restarts made; ``stopped_early``: why no more were made, when the
+    restart policy ended them."""
     failures = sorted(err.failures.items(), key=lambda item: (
         item[1].timestamp, item[1].exitcode == -signal.SIGTERM, item[0]))
     for _rank, failure in failures:
@@ -263,8 +393,9 @@ def _first_failure(err, max_restarts: int = 0) -> tuple[str, int]:
     rank, failure = failures[0]
     how = (f"signal {failure.signal_name()}" if failure.exitcode < 0
            else f"exit code {failure.exitcode}")
-    # the agent gives up only when the restarts are spent
     spent = (f" after {max_restarts} restart{'s' if max_restarts > 1 else ''}"
              if max_restarts else "")
+    if stopped_early:
+        spent += f", not restarted again: {stopped_early}"
     return (f"rank {rank} failed ({how}){spent}; its output above says why",
             failure.exitcode if failure.exitcode > 0 else 1)

@@ -1,0 +1,85 @@
+"""A checkpoint save that fails leaves nothing behind and says why in one line.
+
+A save can fail half-way: the disk or the quota fills up, a write gets an I/O error, Ctrl-C
+lands during it. What it wrote so far is in its hidden ``.step_N.partial`` folder, which no
+reader takes for a checkpoint; ``failed_save`` removes it there and then (rank 0, which made
+it), instead of leaving it for the next save, and leaves the complete checkpoints alone: the
+run resumes from the newest of them.
+
+The error of a full disk reaches the trainer in several shapes: an ``OSError`` (often without
+a file name: a ``write`` that fails names no file) from our own files, or DCP's
+``CheckpointException`` (a ``BaseException``) that carries each rank's exception. Any of them
+holding an ``OSError`` becomes one ``UserError`` line naming the folder, the error and what to
+do; anything else (a bug) keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import shutil
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from bloomline.common.errors import UserError
+
+if TYPE_CHECKING:
+    from bloomline.trainer.checkpoint import PendingSave
+
+__all__ = ["failed_save", "os_error_in"]
+
+
+def os_error_in(exc: BaseException) -> OSError | None:
+    """The first ``OSError`` in an exception, the exceptions it was raised from, and the
+    per-rank exceptions of a DCP ``CheckpointException``; None when there is none. (Not the
+    exceptions it was raised while handling: a bug in an ``except OSError`` block stays a
+    bug.)"""
+    todo, seen = [exc], set()
+    while todo:
+        current = todo.pop(0)
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno is not None:
+            return current
+        failures = getattr(current, "failures", None)  # CheckpointException: {rank: (exc, tb)}
+        if isinstance(failures, dict):
+            todo += [pair[0] for pair in failures.values()
+                     if isinstance(pair, tuple) and pair and isinstance(pair[0], BaseException)]
+        todo.append(current.__cause__)
+    return None
+
+
+def _message(pending: PendingSave, error: OSError) -> str:
+    from bloomline.trainer.checkpoint import list_checkpoints
+
+    what = error.strerror or str(error)
+    where = f"{error.filename}" if error.filename else f"{pending.partial}"
+    kept = list_checkpoints(pending.root.parent)
+    newest = (f"; the newest complete checkpoint, {kept[-1].name}, is intact" if kept
+              else "; there is no complete checkpoint yet")
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        advice = (f"free space in {pending.root} (or lower checkpoint.keep_last), then resume "
+                  "with --resume auto")
+    else:
+        advice = "fix that, then resume with --resume auto"
+    return (f"checkpoint of step {pending.step}: cannot write {where}: {what}; the unfinished "
+            f"checkpoint was removed{newest}; {advice}")
+
+
+@contextlib.contextmanager
+def failed_save(pending: PendingSave) -> Iterator[None]:
+    """Around the writing of ``pending``: on any failure (interrupts included) remove its
+    partial folder (on the writer), and turn a failure holding an ``OSError`` into a
+    ``UserError``; other exceptions and interrupts go on as they are."""
+    try:
+        yield
+    except BaseException as err:
+        if pending.is_writer:
+            shutil.rmtree(pending.partial, ignore_errors=True)
+        if isinstance(err, (KeyboardInterrupt, SystemExit, UserError)):
+            raise
+        error = os_error_in(err)
+        if error is None:
+            raise
+        raise UserError(_message(pending, error)) from err
