@@ -467,3 +467,27 @@ def test_export_overwrite_replaces_only_an_earlier_export(tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".partial")]
     export_hf(state, cfg, export, overwrite=True)  # an earlier export is replaced
     assert sorted(p.name for p in export.iterdir()) == ["config.json", "model.safetensors"]
+
+
+def test_sigterm_during_an_export_leaves_no_partial_folder_and_the_old_export(corpus, tmp_path):
+    """Bug: SIGTERM (scancel, a time limit) to `trainer export-hf` killed it without cleanup:
+    its hidden scratch folder with the half-written weights stayed next to the output. It must
+    exit 143 with one line, remove the scratch folder and leave the earlier export as it was."""
+    from bloomline.trainer.hf import export_hf
+    from bloomline.trainer.loop import Trainer
+
+    cfg = tiny_config(corpus, tmp_path / "run", monitor={"peak_flops": 1e12})
+    checkpoint = Trainer(cfg, log=lambda line: None).save()
+    earlier = export_hf(Trainer(cfg, log=lambda line: None).model.state_dict(), cfg.model,
+                        tmp_path / "hf")
+    before = _snapshot(earlier)
+    done = subprocess.run([sys.executable, "-m", "bloomline.trainer", "export-hf",
+                           str(checkpoint), str(earlier), "--overwrite"],
+                          env=dict(os.environ, BLOOMLINE_FAULTS="term@export"),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 128 + signal.SIGTERM, done.stderr
+    assert [line for line in done.stderr.splitlines() if not line.startswith("fault:")] == [
+        f"error: export-hf: stopped by SIGTERM; removed the partial export of {earlier} "
+        "(nothing was written)"]
+    assert _snapshot(earlier) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "run"]

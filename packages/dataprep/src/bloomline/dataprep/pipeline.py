@@ -57,6 +57,7 @@ from bloomline.common import faults
 from bloomline.common.atomic import check_can_write
 from bloomline.common.errors import UserError
 from bloomline.common.progress import Counter, Progress
+from bloomline.common.stop_signals import StoppedError, StopSignals, Terminated
 from bloomline.dataprep.documents import extract_documents
 from bloomline.dataprep.fingerprint import fingerprint_path, write_fingerprint
 from bloomline.dataprep.indexed_dataset import IndexedDatasetWriter
@@ -65,7 +66,6 @@ from bloomline.dataprep.sources import DEFAULT_CHUNK_BYTES, Chunk, expand_inputs
 from bloomline.dataprep.tokenizer import Tokenizer, load_tokenizer
 
 __all__ = [
-    "TokenizeStoppedError",
     "TokenizeSummary",
     "encode_documents",
     "output_prefixes",
@@ -255,54 +255,6 @@ def _stop_signals_blocked() -> Iterator[None]:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
-
-
-class _Terminated(BaseException):
-    """SIGTERM, raised in the main thread as Ctrl-C raises KeyboardInterrupt, so that the run
-    stops and cleans up the same way (a BaseException, which ``except Exception`` lets pass)."""
-
-
-class TokenizeStoppedError(UserError):
-    """The run was stopped by SIGTERM; its partial files were removed."""
-
-    exit_code = 128 + signal.SIGTERM  # the shell's code for a process ended by SIGTERM
-
-
-class _StopSignals:
-    """SIGINT -> KeyboardInterrupt and SIGTERM -> :class:`_Terminated` in the main thread,
-    once: later signals are ignored, so that the cleanup they started (or the finishing of a
-    run past the point of no return, :meth:`hold`) is not cut short. Installed only where the
-    handlers are Python's defaults (an application's own are left alone) and only in the main
-    thread (the only one that can)."""
-
-    def __init__(self) -> None:
-        self.received: int | None = None
-        self._holding = False
-        self._previous: dict[int, object] = {}
-
-    def __enter__(self) -> _StopSignals:
-        if threading.current_thread() is threading.main_thread():
-            for signum, default in ((signal.SIGINT, signal.default_int_handler),
-                                    (signal.SIGTERM, signal.SIG_DFL)):
-                if signal.getsignal(signum) is default:
-                    self._previous[signum] = signal.signal(signum, self._handle)
-        return self
-
-    def _handle(self, signum: int, frame) -> None:
-        if self.received is not None or self._holding:
-            return  # stopping (or finishing) already
-        self.received = signum
-        if signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        raise _Terminated(signum)
-
-    def hold(self) -> None:
-        """From now on a signal no longer stops the run (it is cleaning up or finishing)."""
-        self._holding = True
-
-    def __exit__(self, *exc_info) -> None:
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
 
 
 def _results_in_flight(chunks: Iterator[Chunk], workers: int, init_args: tuple
@@ -550,7 +502,7 @@ def tokenize_corpus(
     out_dir = Path(output).parent
     started = time.time()
     try:
-        with _StopSignals() as stop, _scratch_folder(out_dir, Path(output).name) as scratch:
+        with StopSignals() as stop, _scratch_folder(out_dir, Path(output).name) as scratch:
             writers = {key: IndexedDatasetWriter(prefix, tokenizer.token_dtype,
                                                  overwrite=overwrite, temporary_dir=scratch)
                        for key, prefix in outputs.items()}
@@ -571,8 +523,8 @@ def tokenize_corpus(
                 for writer in writers.values():
                     writer.abort()
                 raise
-    except _Terminated:
-        raise TokenizeStoppedError(
+    except Terminated:
+        raise StoppedError(
             f"tokenize: stopped by SIGTERM; removed the partial files of {output} (nothing "
             "was written)") from None
     except OSError as error:

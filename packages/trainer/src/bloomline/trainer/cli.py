@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from bloomline.common.errors import UserError, exit_on_user_error
+from bloomline.common.stop_signals import StoppedError, StopSignals, Terminated
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Train the BLOOM-recipe GPT on samples prepared by dataprep.")
@@ -152,7 +153,14 @@ def export_hf_command(
     if tokenizer:
         cfg.data.tokenizer = tokenizer
     tok = load_run_tokenizer(cfg.data)
-    out = export_hf(model.state_dict(), cfg.model, out_dir, tokenizer=tok, overwrite=overwrite)
+    # SIGTERM, like Ctrl-C, unwinds through the export's cleanup: no partial folder is left
+    with StopSignals():
+        try:
+            out = export_hf(model.state_dict(), cfg.model, out_dir, tokenizer=tok,
+                            overwrite=overwrite)
+        except Terminated:
+            raise StoppedError(f"export-hf: stopped by SIGTERM; removed the partial export "
+                               f"of {out_dir} (nothing was written)") from None
     if tok is None:
         typer.echo(f"wrote {out_dir} (model only: the checkpoint's config has no "
                    "data.tokenizer; pass --tokenizer to export one)")

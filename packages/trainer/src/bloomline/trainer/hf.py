@@ -31,6 +31,7 @@ from safetensors.torch import load_file, save_file
 from bloomline.common.atomic import atomic_output_dir, check_replaceable_dir
 from bloomline.common.errors import UserError
 from bloomline.dataprep.tokenizer import Tokenizer
+from bloomline.trainer import faults
 from bloomline.trainer.hf_tokenizer import hf_tokenizer_files
 from bloomline.trainer.model import GPT, ModelConfig
 
@@ -275,6 +276,7 @@ def export_hf(model_state_dict: Mapping[str, torch.Tensor], cfg: ModelConfig,
         staged = scratch / "export"
         staged.mkdir()
         save_file(tensors, staged / "model.safetensors", metadata={"format": "pt"})
+        faults.fire("export")
         (staged / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         for name, content in tokenizer_files.items():
             (staged / name).write_bytes(content)
