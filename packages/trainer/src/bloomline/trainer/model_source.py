@@ -23,12 +23,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    set_model_state_dict,
-)
-
 from bloomline.common.errors import UserError
 from bloomline.trainer import checkpoint as ckpt
 from bloomline.trainer.hf import import_hf, read_model_config
@@ -153,6 +147,14 @@ def load_initial_weights(model, source: ModelSource, group=None) -> None:
     if source.format == "bloomline":
         ckpt.load_checkpoint(source.path, model, group=group)
         return
+    # imported here: DCP's state-dict helpers load DTensor's operator tables (about a second),
+    # which the processes that only read a config (the launcher) do not need
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        set_model_state_dict,
+    )
+
     _, full = import_hf(source.path)
     # a pipeline stage holds some of the layers: give it those (under the single-process
     # names the stage keeps); every name it holds must be in the source
