@@ -1,7 +1,8 @@
 """Checkpoints: ``RUN/checkpoints/step_NNNNNNNN/`` with
 
 - the model and optimizer state through torch.distributed.checkpoint (DCP): sharded per rank
-  when the model is, and loadable into another layout (issue [5] reshards through it);
+  when the model is, and loadable into another layout (a resume under another layout
+  reshards through it);
 - ``trainer_state.json``: step, consumed samples and tokens, bad-step counters, loss-scaler
   state; the LR schedule is a function of these counters, so it needs nothing more;
 - ``rng.json``: the python, numpy, torch (and CUDA) generator states, as plain JSON (no
