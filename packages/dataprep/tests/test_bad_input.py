@@ -149,7 +149,10 @@ def _start_big_run(tmp_path, tiny_tokenizer):
         [sys.executable, "-m", "bloomline.dataprep.cli", "tokenize", str(tmp_path / "big.jsonl"),
          "--tokenizer", str(tiny_tokenizer), "--output", str(out / "c"), "--workers", "2",
          "--chunk-mb", "0.25"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+        # a terminal's Ctrl-C reaches a process whose SIGINT is the default; a test runner
+        # started in the background of a shell has it ignored, and that would be inherited
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     # Wait (by polling the file system, not by sleeping a guessed time) until workers have
     # written shards, i.e. the run is in the middle of its work.
     while proc.poll() is None and not list(out.glob(".c.*.partial/chunk*.idx")):
