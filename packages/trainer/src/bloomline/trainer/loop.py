@@ -458,8 +458,8 @@ class Trainer:
                                    machine_key(self.device, self.precision.dtype))
         self._run_info = {"parameters": cfg.model.num_parameters(), "device": str(self.device),
                           "layout": self.layout.describe(), "resumed_from": str(resumed or "")}
-        initialized = self.model_source.path if not resumed and self.model_source.kind == "init" \
-            else None
+        initialized = (self.model_source.path
+                       if not resumed and self.model_source.kind == "init" else None)
         if initialized:
             self._run_info["initialized_from"] = str(initialized)
         self._write_run_files()
