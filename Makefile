@@ -16,7 +16,7 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-$(STAMP): requirements-dev.txt packages/*/pyproject.toml tools/pyproject.toml | $(BIN)/python
+$(STAMP): requirements-dev.txt packages/*/pyproject.toml packages/tools/pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -r requirements-dev.txt
 	touch $@
 

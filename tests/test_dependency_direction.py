@@ -1,4 +1,5 @@
-"""The dependency direction common <- dataprep <- trainer, and dataprep without torch."""
+"""The dependency direction common <- dataprep <- {trainer, tools}; dataprep and tools without
+torch."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FORBIDDEN = {
     "common": ("torch", "bloomline.dataprep", "bloomline.trainer"),
     "dataprep": ("torch", "bloomline.trainer"),
+    "tools": ("torch", "bloomline.trainer"),
 }
 
 
@@ -28,8 +30,8 @@ def _imports(path: Path) -> set[str]:
 
 @pytest.mark.parametrize("package", list(FORBIDDEN))
 def test_no_import_against_the_direction(package):
-    """Catches: dataprep or common importing torch or the trainer, even lazily inside a
-    function (data jobs run on machines without torch)."""
+    """Catches: common, dataprep or tools importing torch or the trainer, even lazily inside a
+    function (data jobs and dataset inspection run on machines without torch)."""
     files = sorted((ROOT / "packages" / package / "src").rglob("*.py"))
     assert files
     for path in files:

@@ -412,7 +412,7 @@ def test_sharded_checkpoints_load_unchanged_through_the_restricted_reader(made, 
 
 # -- no other way in ------------------------------------------------------------------------
 def _product_sources() -> list[Path]:
-    return sorted([*REPO.glob("packages/*/src/**/*.py"), *REPO.glob("tools/src/**/*.py")])
+    return sorted([*REPO.glob("packages/*/src/**/*.py"), *REPO.glob("packages/tools/src/**/*.py")])
 
 
 def test_every_checkpoint_read_in_the_product_goes_through_the_restricted_reader():
