@@ -67,7 +67,7 @@ from bloomline.trainer.model import (  # noqa: E402
     loss,
 )
 from bloomline.trainer.model import linear as linear_layers  # noqa: E402
-from bloomline.trainer.peak import measure_peak_flops  # noqa: E402
+from bloomline.trainer.mfu import measure_peak_flops  # noqa: E402
 from bloomline.trainer.precision import fast_low_precision  # noqa: E402
 
 TOKENS = bt.MBS * bt.SEQ

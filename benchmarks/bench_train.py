@@ -24,7 +24,7 @@ tokens, the same batch of random token ids (< 8000) every step, on CPU:
   fused CPU SDPA kernel with the ALiBi bias as a [1, heads, L, L] mask), to show why auto
   picks eager on CPU.
 
-The process runs with glibc's mmap threshold raised to 1 GiB (``bloomline.trainer.host``,
+The process runs with glibc's mmap threshold raised to 1 GiB (``bloomline.trainer.malloc``,
 what ``Trainer`` does by default): process-wide, so the transformers baseline gets the same
 allocator. ``--default-malloc`` leaves glibc's defaults for both, to measure that effect.
 
@@ -86,11 +86,11 @@ from machine import OtherLoad, header_line, load_average, relative
 
 from bloomline.trainer.config import Config
 from bloomline.trainer.data import MegatronSampler, make_loader, open_splits
-from bloomline.trainer.host import tune_malloc
+from bloomline.trainer.malloc import tune_malloc
 from bloomline.trainer.loop import Trainer
 from bloomline.trainer.model import build_model
 from bloomline.trainer.optim import build_optimizer
-from bloomline.trainer.peak import measure_peak_flops
+from bloomline.trainer.mfu import measure_peak_flops
 from bloomline.trainer.precision import fast_low_precision
 
 LAYERS, HIDDEN, HEADS, SEQ, VOCAB, MBS = 6, 384, 6, 256, 8064, 8
@@ -537,7 +537,7 @@ def main() -> int:
     if args.tune_malloc:
         tune_malloc()  # process-wide: every contestant runs with it
     print(machine_report(*([f"{HF} {version(HF)}"] if args.with_hf else [])), flush=True)
-    threshold = "1 GiB (bloomline.trainer.host)" if args.tune_malloc else "glibc's default"
+    threshold = "1 GiB (bloomline.trainer.malloc)" if args.tune_malloc else "glibc's default"
     print(f"malloc mmap threshold: {threshold}", flush=True)
     generator = torch.Generator().manual_seed(SEED)
     tokens = torch.randint(0, DATA_VOCAB, (MBS, SEQ + 1), generator=generator)

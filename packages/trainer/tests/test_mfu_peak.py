@@ -1,4 +1,4 @@
-"""The matmul peak behind MFU (peak.py): measured as the best of tries, cached per machine and
+"""The matmul peak behind MFU (mfu.py): measured as the best of tries, cached per machine and
 dtype in the run folder, measured again when a step beats it, and an MFU above 100% never
 logged without a flag saying why. The issue: ``make demo`` logged ``mfu 108.5%`` after a
 start-up measurement under load read 179 GFLOP/s on a machine that does 384-392."""
@@ -17,9 +17,9 @@ import torch
 from trainer_fixtures import FakeMeasure, resolve_peak_twice, tiny_config, write_corpus
 
 import bloomline.trainer.loop as loop
-from bloomline.trainer import peak
+from bloomline.trainer import mfu as peak
 from bloomline.trainer.loop import Trainer
-from bloomline.trainer.peak import (
+from bloomline.trainer.mfu import (
     CACHE_FILE,
     MfuGuard,
     Peak,

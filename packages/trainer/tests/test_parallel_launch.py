@@ -249,7 +249,7 @@ def _probe_preempt() -> None:
     does, with the worker side's own pieces: ``StopRequests`` and ``exit_preempted``."""
     import time
 
-    from bloomline.trainer.preemption import StopRequests, exit_preempted
+    from bloomline.trainer.survival.preemption import StopRequests, exit_preempted
 
     stops = StopRequests()
     stops.install()

@@ -31,8 +31,8 @@ from trainer_fixtures import tiny_config, write_corpus
 from bloomline.common.config import to_toml
 from bloomline.common.errors import UserError
 from bloomline.trainer.checkpoint_manifest import verify_checkpoint
-from bloomline.trainer.preemption import PREEMPTED_EXIT_CODE
-from bloomline.trainer.run_folder import RunLock
+from bloomline.trainer.survival.preemption import PREEMPTED_EXIT_CODE
+from bloomline.trainer.survival.run_folder import RunLock
 
 TESTS = Path(__file__).parent
 STEPS = 12

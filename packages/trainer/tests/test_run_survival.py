@@ -2,7 +2,7 @@
 budget does the same, SIGKILL at random points (in a step, in a checkpoint's write, sync or
 async) loses nothing a resume does not redo exactly, and a hanging rank is caught by the
 watchdog with its stack written. Real processes through the ``trainer`` command line, faults
-injected with ``BLOOMLINE_FAULTS`` (``bloomline.trainer.faults``); fp32 on CPU, so "equal"
+injected with ``BLOOMLINE_FAULTS`` (``bloomline.trainer.survival.faults``); fp32 on CPU, so "equal"
 means bitwise.
 """
 
@@ -20,7 +20,7 @@ from trainer_fixtures import tiny_config, write_corpus
 
 from bloomline.common.config import to_toml
 from bloomline.trainer.loop import Trainer
-from bloomline.trainer.preemption import PREEMPTED_EXIT_CODE
+from bloomline.trainer.survival.preemption import PREEMPTED_EXIT_CODE
 
 TESTS = Path(__file__).parent
 STEPS = 24

@@ -19,8 +19,8 @@ from trainer_fixtures import tiny_config, write_corpus
 from bloomline.common.errors import UserError
 from bloomline.trainer.data import MegatronSampler
 from bloomline.trainer.loop import Trainer
-from bloomline.trainer.sample_skips import SkipRanges
-from bloomline.trainer.spikes import SpikeDetector
+from bloomline.trainer.survival.sample_skips import SkipRanges
+from bloomline.trainer.survival.spikes import SpikeDetector
 
 # samples 76 and 78 are the two micro-batches of step 20 (global batch 4, micro-batch 2)
 SPIKE = "spike@batch:sample=76;spike@batch:sample=78"

@@ -76,7 +76,7 @@ class FakeMeasure:
         self.calls = 0
 
     def __call__(self, device=None, dtype=None):
-        from bloomline.trainer.peak import PeakMeasurement
+        from bloomline.trainer.mfu import PeakMeasurement
 
         value = self.values[min(self.calls, len(self.values) - 1)]
         self.calls += 1
@@ -89,7 +89,7 @@ def resolve_peak_twice(run_dir: str) -> list:
     in the test module: spawned processes import it by name."""
     import torch.distributed as dist
 
-    from bloomline.trainer.peak import machine_key, resolve_peak
+    from bloomline.trainer.mfu import machine_key, resolve_peak
 
     dist.init_process_group("gloo")
     rank, cpu = dist.get_rank(), torch.device("cpu")

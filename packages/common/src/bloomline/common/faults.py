@@ -9,7 +9,7 @@ through the command line, torchrun, a process pool or a Ray cluster::
 
 Each fault is ``ACTION@POINT`` followed by ``:KEY=VALUE`` conditions, all of which must hold:
 
-- points: the trainer's ``step``, ``save`` and ``batch`` (see ``bloomline.trainer.faults``);
+- points: the trainer's ``step``, ``save`` and ``batch`` (see ``bloomline.trainer.survival.faults``);
   dataprep's ``chunk`` (a worker about to tokenize chunk ``chunk``), ``shard`` (a worker that
   has written chunk ``chunk``'s shard, before closing it) and ``splice`` (the main process
   about to append chunk ``chunk`` to the outputs);

@@ -43,7 +43,7 @@ import torch
 
 from bloomline.common.config import config_from_dict, to_toml
 from bloomline.common.errors import UserError
-from bloomline.trainer import faults
+from bloomline.trainer.survival import faults
 from bloomline.trainer.checkpoint_manifest import (
     MANIFEST,
     fsync_dir,

@@ -64,7 +64,7 @@ def pretrain(
     if dist.is_initialized():
         dist.destroy_process_group()
     if state.get("stopped"):  # a signal or train.max_wallclock: saved, to be continued
-        from bloomline.trainer.preemption import exit_preempted
+        from bloomline.trainer.survival.preemption import exit_preempted
 
         exit_preempted()
 

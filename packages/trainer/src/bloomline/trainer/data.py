@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 from bloomline.common.errors import UserError
 from bloomline.dataprep import IndexRequest, build_sample_datasets
 from bloomline.trainer.config import DataConfig
-from bloomline.trainer.sample_skips import SkipRanges
+from bloomline.trainer.survival.sample_skips import SkipRanges
 
 __all__ = ["MegatronSampler", "TokenSamples", "close_loader", "make_loader", "open_splits",
            "check_vocabulary", "load_run_tokenizer"]
@@ -237,7 +237,7 @@ def _init_worker(worker_id: int) -> None:  # noqa: ARG001 - worker_init_fn signa
     the loop, which lives as long as the run. Elsewhere (macOS) torch's check remains."""
     for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
         signal.signal(sig, signal.SIG_IGN)
-    from bloomline.trainer.run_folder import close_inherited_locks
+    from bloomline.trainer.survival.run_folder import close_inherited_locks
 
     close_inherited_locks()
     _die_with_parent()

@@ -31,7 +31,7 @@ from safetensors.torch import load_file, save_file
 from bloomline.common.atomic import atomic_output_dir, check_replaceable_dir
 from bloomline.common.errors import UserError
 from bloomline.dataprep.tokenizer import Tokenizer
-from bloomline.trainer import faults
+from bloomline.trainer.survival import faults
 from bloomline.trainer.hf_tokenizer import hf_tokenizer_files
 from bloomline.trainer.model import GPT, ModelConfig
 

@@ -22,7 +22,7 @@ from torch.distributed.tensor.parallel import loss_parallel
 from bloomline.common.config import to_toml
 from bloomline.common.errors import UserError
 from bloomline.trainer import checkpoint as ckpt
-from bloomline.trainer import faults
+from bloomline.trainer.survival import faults
 from bloomline.trainer.config import Config, validate
 from bloomline.trainer.curriculum import global_batch_size, sequence_length
 from bloomline.trainer.data import (
@@ -44,7 +44,7 @@ from bloomline.trainer.evaluation import (
     token_cross_entropy,
     valid_console_line,
 )
-from bloomline.trainer.host import tune_malloc
+from bloomline.trainer.malloc import tune_malloc
 from bloomline.trainer.metrics import (
     MetricsWriter,
     console_line,
@@ -64,7 +64,7 @@ from bloomline.trainer.parallel import (
     world_info,
 )
 from bloomline.trainer.parallel.memory import memory_record
-from bloomline.trainer.peak import (
+from bloomline.trainer.mfu import (
     MfuGuard,
     Peak,
     PeakCache,
@@ -73,12 +73,12 @@ from bloomline.trainer.peak import (
     resolve_peak,
 )
 from bloomline.trainer.precision import Precision, resolve_dtype
-from bloomline.trainer.preemption import PREEMPTED_EXIT_CODE
-from bloomline.trainer.rollback import ROLLBACKS_FILE, append_rollback, read_rollbacks, skip_range
-from bloomline.trainer.run_folder import check_start_point
-from bloomline.trainer.run_guard import RunGuard
-from bloomline.trainer.sample_skips import SkipRanges
-from bloomline.trainer.spikes import SpikeFinding
+from bloomline.trainer.survival.preemption import PREEMPTED_EXIT_CODE
+from bloomline.trainer.survival.rollback import ROLLBACKS_FILE, append_rollback, read_rollbacks, skip_range
+from bloomline.trainer.survival.run_folder import check_start_point
+from bloomline.trainer.survival.run_guard import RunGuard
+from bloomline.trainer.survival.sample_skips import SkipRanges
+from bloomline.trainer.survival.spikes import SpikeFinding
 
 __all__ = ["Trainer", "clip_grad_norm", "lm_loss", "resolve_device"]
 
@@ -450,7 +450,7 @@ class Trainer:
         self._merge_skips()
         state = self.state  # after resume(), which replaces it
         # the matmul peak for MFU, while nothing else of this run computes: the loader workers,
-        # TensorBoard's writer and checkpoint threads start below (peak.py)
+        # TensorBoard's writer and checkpoint threads start below (mfu.py)
         self.peak = resolve_peak(cfg.monitor.peak_flops, self.device, self.precision.dtype,
                                  self.run_dir, self._measure_peak, is_writer=self.is_main)
         self._mfu_guard = MfuGuard(self.peak, self._measure_peak,
@@ -503,7 +503,7 @@ class Trainer:
 
     def _check_mfu(self, record: dict, metrics) -> None:
         """No MFU above 100% without a reason: the guard measures the peak again when a step
-        beats it, and flags an MFU that stays above (peak.py). Rank 0, which logs, only."""
+        beats it, and flags an MFU that stays above (mfu.py). Rank 0, which logs, only."""
         if self._mfu_guard is None or not self.is_main:
             return
         step = record["step"]

@@ -1,6 +1,6 @@
 """Monitoring: metrics.jsonl and TensorBoard scalars each log step, a console line, memory,
 and the thermometers (per-layer maxima and grad norms). The peak FLOP/s that MFU divides by is
-``peak.py``'s.
+``mfu.py``'s.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 from torch.distributed.tensor import DTensor, Partial
 
 # re-exported from its old home here, for code that imports it from metrics
-from bloomline.trainer.peak import measure_peak_flops
+from bloomline.trainer.mfu import measure_peak_flops
 
 __all__ = ["MetricsWriter", "measure_peak_flops", "memory_bytes", "thermometer_readings",
            "console_line"]

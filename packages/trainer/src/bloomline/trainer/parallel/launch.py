@@ -147,7 +147,7 @@ def launch(nproc: int, args: Sequence[str], nnodes: int = 1, rdzv_endpoint: str 
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
-    from bloomline.trainer.preemption import PREEMPT_FILE_VARIABLE, PREEMPTED_EXIT_CODE
+    from bloomline.trainer.survival.preemption import PREEMPT_FILE_VARIABLE, PREEMPTED_EXIT_CODE
 
     if nproc < 1:
         raise UserError(f"--nproc {nproc}: must be at least 1")

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from bloomline.common.atomic import atomic_write_bytes
 from bloomline.trainer.curriculum import global_batch_size
-from bloomline.trainer.sample_skips import SkipRanges
+from bloomline.trainer.survival.sample_skips import SkipRanges
 
 __all__ = ["ROLLBACKS_FILE", "skip_range", "read_rollbacks", "append_rollback"]
 

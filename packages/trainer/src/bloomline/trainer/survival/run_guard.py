@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bloomline.trainer.preemption import StopRequests
-from bloomline.trainer.run_folder import RunLock
-from bloomline.trainer.spikes import SpikeDetector, SpikeFinding
-from bloomline.trainer.watchdog import Watchdog
+from bloomline.trainer.survival.preemption import StopRequests
+from bloomline.trainer.survival.run_folder import RunLock
+from bloomline.trainer.survival.spikes import SpikeDetector, SpikeFinding
+from bloomline.trainer.survival.watchdog import Watchdog
 
 __all__ = ["RunGuard", "Verdict"]
 
