@@ -10,14 +10,14 @@ skips datasets that are spent.
 Each step depends on every earlier one. megatron-core runs it as one C++ loop over all
 datasets at every step; each step waits on the previous pick's count (~14 ns a step at 10
 datasets on the 2-vCPU EPYC dev machine, whatever the loop does around it). Two kernels
-compiled by numba (``_blend_kernels``) evaluate the same float64 expression (no fast-math: no
+compiled by numba (``kernels.blend``) evaluate the same float64 expression (no fast-math: no
 fused multiply-add), so every comparison and pick is identical:
 
 - *segments* (up to ``SEGMENT_LIMIT`` datasets of mostly distinct weights): the blend is cut
   into segments of ``SEGMENT_LENGTH`` positions and each runs the rule from a *guess* of
   the counts at its start (``w * position``, rounded so they sum to it: the rule keeps
   every count within about one of that). Independent segments break the chain: 24 of them
-  run side by side, 8 per SIMD vector (``_blend_simd``), so the CPU overlaps their steps.
+  run side by side, 8 per SIMD vector (``kernels.blend_simd``), so the CPU overlaps their steps.
   Then ``blend_join`` verifies from the start: where a segment begins, the true counts are
   known (the previous segment's end, once verified); if they differ from its guess, the
   rule runs on from the true counts, rewriting its positions, until the two runs' counts
@@ -158,7 +158,7 @@ def _greedy(weights: np.ndarray, size: int, limits: np.ndarray | None,
     to exercise the wake kernel's refiling and a short ``segment_length`` to cut many
     segments whose guesses are wrong.
     """
-    from bloomline.dataprep import _blend_kernels
+    from bloomline.dataprep.kernels import blend as blend_kernels
 
     num_datasets = len(weights)
     dataset_index = np.empty(size, dtype=np.int16)
@@ -169,15 +169,15 @@ def _greedy(weights: np.ndarray, size: int, limits: np.ndarray | None,
              else np.asarray(limits, dtype=np.float64))
     order, start = _groups(weights, limit)
     if (kernel or _choose(num_datasets, len(start))) == "segments":
-        lanes = _blend_kernels.LANES
+        lanes = blend_kernels.LANES
         # whole rounds of LANES segments, about segment_length each
         num_segments = lanes * -(-size // (lanes * segment_length))
         length = -(-size // num_segments)
         guess = _guess_counts(weights, limit, np.arange(num_segments) * length)
         end_count = np.empty_like(guess)
-        _blend_kernels.blend_segments(weights, limit, guess, length, dataset_index,
+        blend_kernels.blend_segments(weights, limit, guess, length, dataset_index,
                                       dataset_sample_index, end_count)
-        _blend_kernels.blend_join(weights, limit, guess, length, end_count, dataset_index,
+        blend_kernels.blend_join(weights, limit, guess, length, end_count, dataset_index,
                                   dataset_sample_index)
         return dataset_index, dataset_sample_index
     sorted_weights, group_limit = weights[order][start], limit[order][start]
@@ -187,7 +187,7 @@ def _greedy(weights: np.ndarray, size: int, limits: np.ndarray | None,
     wheel = 1 << int(np.clip(math.ceil(math.log2(8 * len(start))), 10, 16))
     # a full evaluation costs as much as ~all groups awake: about 2 of them per step
     quantile = min(0.05, 2.0 / len(start))
-    _blend_kernels.blend_wake(
+    blend_kernels.blend_wake(
         np.ascontiguousarray(sorted_weights),         # weight
         np.where(group_limit > 0, 0.0, np.inf),       # q: a size-0 dataset is spent
         np.zeros(len(start), dtype=np.int64),         # pos

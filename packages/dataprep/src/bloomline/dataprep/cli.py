@@ -101,7 +101,7 @@ def tokenize(
         "sees."),
 ) -> None:
     """Tokenize corpora into Megatron-compatible NAME.bin/NAME.idx."""
-    from bloomline.dataprep.pipeline import tokenize_corpus
+    from bloomline.dataprep.tokenize_corpus import tokenize_corpus
     from bloomline.dataprep.sharding import parse_shard
 
     summary = tokenize_corpus(

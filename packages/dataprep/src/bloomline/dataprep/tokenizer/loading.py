@@ -60,7 +60,7 @@ def tokenizer_kind(spec: str | os.PathLike) -> tuple[str, str]:
         return "huggingface", text
     if path.suffix == ".model":
         return "sentencepiece", text
-    from bloomline.dataprep.tokenizer.huggingface import looks_like_json
+    from bloomline.dataprep.tokenizer.huggingface_kind import looks_like_json
 
     if looks_like_json(path):
         return "huggingface", text
@@ -92,7 +92,7 @@ def load_tokenizer(spec: str | os.PathLike, eod_token: str | None = None) -> Tok
 
         tokenizer: Tokenizer = SentencePieceTokenizer(target, eod_token)
     elif kind == "huggingface":
-        from bloomline.dataprep.tokenizer.huggingface import HuggingFaceTokenizer
+        from bloomline.dataprep.tokenizer.huggingface_kind import HuggingFaceTokenizer
 
         tokenizer = HuggingFaceTokenizer(target, eod_token)
     else:

@@ -1,6 +1,6 @@
 """One block of steps of ``LANES`` blend segments side by side, written as LLVM vector IR.
 
-The segment kernel (``_blend_kernels.blend_segments``) runs 24 segments of a blend at once,
+The segment kernel (``blend_kernels.blend_segments``) runs 24 segments of a blend at once,
 each from its own start state; this is its inner loop. Segment k's counts are column k of
 ``count`` (datasets x LANES, float64), so one row holds dataset d's count in every segment
 and the rule's float64 expression ``w_d * t - c_d`` is one vector multiply and subtract per

@@ -22,7 +22,7 @@ temporaries).
 Imported only when an index is large (``gpt_samples``): importing numba costs ~0.3 s, as much
 as these loops save on ~10M entries. numba's cache keeps the machine code (in
 ``__pycache__``, or its user cache folder where that is read-only), so only a machine's
-first build compiles (~1 s per token dtype; ``_jit``: where neither folder is writable,
+first build compiles (~1 s per token dtype; ``kernels.jit``: where neither folder is writable,
 every process does).
 """
 
@@ -33,7 +33,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from bloomline.dataprep._jit import njit
+from bloomline.dataprep.kernels.jit import njit
 
 _N, _M = 624, 397
 _MATRIX_A, _UPPER, _LOWER = 0x9908B0DF, 0x80000000, 0x7FFFFFFF

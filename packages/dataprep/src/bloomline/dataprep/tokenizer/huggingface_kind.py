@@ -123,7 +123,7 @@ class HuggingFaceTokenizer(Tokenizer):
     def _encode_ids(self, texts: list[str]) -> list[np.ndarray]:
         # encode_batch_fast skips the character offsets, which we never use. The library runs
         # a batch on its own thread pool unless TOKENIZERS_PARALLELISM is false; the pipeline's
-        # workers set it (one thread each, see pipeline._init_worker).
+        # workers set it (one thread each, see chunk_worker.init_worker).
         encodings = self._tok.encode_batch_fast(texts)
         return [np.array(e.ids, dtype=np.int32) for e in encodings]
 
