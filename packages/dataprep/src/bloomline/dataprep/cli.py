@@ -101,8 +101,8 @@ def tokenize(
         "sees."),
 ) -> None:
     """Tokenize corpora into Megatron-compatible NAME.bin/NAME.idx."""
-    from bloomline.dataprep.tokenize_corpus import tokenize_corpus
     from bloomline.dataprep.sharding import parse_shard
+    from bloomline.dataprep.tokenize_corpus import tokenize_corpus
 
     summary = tokenize_corpus(
         inputs, tokenizer, output, keys=json_key, workers=workers, append_eod=append_eod,
