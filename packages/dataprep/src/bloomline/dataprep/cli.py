@@ -8,6 +8,7 @@ import sys
 import typer
 
 from bloomline.common.errors import UserError, exit_on_user_error
+from bloomline.dataprep.tokenizer import TOKENIZER_SPEC_HELP
 
 app = typer.Typer(
     help="bloomline dataprep: raw corpora to Megatron-compatible token files.",
@@ -71,8 +72,7 @@ def tokenize(
         ..., help="Files, globs or folders: .jsonl/.json(.zst/.gz), .parquet, .txt, "
         "save_to_disk dataset folders."),
     tokenizer: str = typer.Option(
-        ..., help="SentencePiece .model, Hugging Face tokenizer.json (or its folder), tiktoken "
-        ".tiktoken file or tiktoken:NAME."),
+        ..., help=f"The tokenizer: {TOKENIZER_SPEC_HELP}."),
     output: str = typer.Option(..., help="Output prefix corpus/NAME."),
     json_key: list[str] = typer.Option(
         ["text"], help="JSON field (or column) to tokenize; repeat for one output per key "

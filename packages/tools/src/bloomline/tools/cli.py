@@ -15,6 +15,7 @@ import typer
 
 from bloomline.common.errors import UserError, exit_on_user_error
 from bloomline.dataprep.build_index import IndexRequest
+from bloomline.dataprep.tokenizer import TOKENIZER_SPEC_HELP
 from bloomline.tools.index_options import with_index_request
 
 app = typer.Typer(
@@ -26,8 +27,7 @@ app = typer.Typer(
 
 _JSON = typer.Option(False, "--json", help="Print one JSON document instead of text.")
 _TOKENIZER = typer.Option(
-    None, help="Tokenizer to decode with: SentencePiece .model, tokenizer.json (or its folder), "
-    ".tiktoken file or tiktoken:NAME (default: ids).")
+    None, help=f"Tokenizer to decode with: {TOKENIZER_SPEC_HELP} (default: ids).")
 _FROM = typer.Option("train", "--from",
                      help="Split to read: train, valid or test (--split gives their shares).")
 
@@ -73,8 +73,8 @@ def summary(
 def verify(
     path: str = typer.Argument(..., help="Token file prefix corpus/NAME, or a corpus folder."),
     tokenizer: str = typer.Option(
-        None, help="The corpus's tokenizer (.model, tokenizer.json, .tiktoken, tiktoken:NAME): "
-        "every token id must be below its vocabulary size."),
+        None, help=f"The corpus's tokenizer ({TOKENIZER_SPEC_HELP}): every token id must be "
+        "below its vocabulary size."),
     cache_dir: str = typer.Option(
         None, help="Index cache to check (default: CORPUS_DIR/.index of a folder)."),
     json_output: bool = _JSON,
@@ -162,7 +162,7 @@ def blend(
 def tokens(
     prefix: str = typer.Argument(..., help="Token file prefix corpus/NAME."),
     tokenizer: str = typer.Option(
-        ..., help="The file's tokenizer (.model, tokenizer.json, .tiktoken, tiktoken:NAME)."),
+        ..., help=f"The file's tokenizer ({TOKENIZER_SPEC_HELP})."),
     top: int = typer.Option(20, help="How many of the most frequent tokens to list."),
     json_output: bool = _JSON,
 ) -> None:

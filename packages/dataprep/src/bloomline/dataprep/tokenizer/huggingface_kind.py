@@ -19,7 +19,6 @@ BOS, PAD and UNK are found the same way, without the first step.
 from __future__ import annotations
 
 import json
-import os
 import re
 import threading
 from collections.abc import Iterable
@@ -56,6 +55,13 @@ class HuggingFaceTokenizer(Tokenizer):
     """
 
     kind = "huggingface"
+    spec_help = "a Hugging Face tokenizer.json or a folder with one"
+    suffixes = (".json",)
+    folder_file = "tokenizer.json"
+
+    @classmethod
+    def sniff(cls, head: bytes) -> bool:
+        return head.lstrip().startswith(b"{")  # a tokenizer.json under another name
 
     def __init__(self, spec: str, eod_token: str | None = None) -> None:
         from tokenizers import Tokenizer as RustTokenizer
@@ -156,11 +162,6 @@ class HuggingFaceTokenizer(Tokenizer):
         """The ``tokenizers.Tokenizer`` itself (for exporting and training)."""
         return self._tok
 
-
-def looks_like_json(path: str | os.PathLike) -> bool:
-    """Whether a file starts like a JSON object (a ``tokenizer.json`` under another name)."""
-    try:
-        with open(path, "rb") as f:
-            return f.read(64).lstrip().startswith(b"{")
-    except OSError:
-        return False
+    def to_tokenizer_json(self) -> str:
+        # the loaded backend has padding and truncation switched off, as our encode runs it
+        return self._tok.to_str()
