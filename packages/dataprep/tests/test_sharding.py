@@ -240,7 +240,7 @@ def _units(source: Source) -> int:
 
         return pq.ParquetFile(source.path).metadata.num_row_groups
     if source.format == "hf":
-        from bloomline.dataprep.documents import load_hf_dataset
+        from bloomline.dataprep.formats.hf_dataset import load_hf_dataset
 
         return len(load_hf_dataset(source.path))
     return source.size
