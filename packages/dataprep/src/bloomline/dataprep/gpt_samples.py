@@ -1,6 +1,6 @@
 """Fixed-length samples of one token file in Megatron's order (``GPTDataset``), and splits.
 
-Mental model (``shared/specs/megatron-data.md`` sections 2 and 3)::
+Mental model (``docs/formats/megatron-data.md`` sections 2 and 3)::
 
     split "969,30,1" -> contiguous ranges of sequence ids (train / valid / test)
     sequence ids of a split, E epochs -> document index (ids tiled E times, shuffled)
@@ -128,14 +128,14 @@ def _document_index(sequence_ids: np.ndarray, num_epochs: int, rng: np.random.Ra
     return index
 
 
-# From this many entries the compiled loops (``kernels.sample_index``) run instead of numpy's: below
-# it numpy takes ~10-40 ms, less than importing numba (~0.3 s).
+# From this many entries the compiled loops (``kernels.sample_index``) run instead of numpy's:
+# below it numpy takes less time than importing numba (docs/perf/dataprep-index-kernels.md).
 _COMPILED_FROM = 1 << 20
 
 
 def shuffle(rng: np.random.RandomState, array: np.ndarray) -> None:
     """``rng.shuffle(array)`` for a contiguous 1-D array, leaving ``rng`` in the state that
-    leaves: the same permutation, ~2x faster for large arrays (``kernels.sample_index``)."""
+    leaves: the same permutation, faster for large arrays (``kernels.sample_index``)."""
     if not _COMPILED_FROM <= len(array) < 1 << 32:
         rng.shuffle(array)
         return
@@ -167,7 +167,7 @@ def _sample_starts(sequence_lengths: np.ndarray, document_index: np.ndarray, seq
     fits = (len(document_index) <= int32_max
             and int(sequence_lengths.max(initial=0)) <= int32_max)
     rows = np.empty((num_rows, 2), dtype=np.int32 if fits else np.int64)
-    if len(document_index) >= _COMPILED_FROM:  # Megatron's loop, compiled: 4x faster
+    if len(document_index) >= _COMPILED_FROM:  # Megatron's loop, compiled
         from bloomline.dataprep.kernels.sample_index import sample_starts
 
         sample_starts(sequence_lengths, document_index, seq_length, rows, extra)
@@ -354,7 +354,7 @@ def out_of_range(index: int, num_samples: int) -> IndexError:
 
 def _plain(array: np.ndarray) -> np.ndarray:
     """``array`` as a plain ndarray view: numba takes no ``np.memmap``, and indexing one from
-    Python costs ~1 us more per call (its subclass hooks)."""
+    Python costs more per call (its subclass hooks)."""
     return np.asarray(array).view(np.ndarray)
 
 

@@ -48,8 +48,8 @@ def _run_chunk(job: str, init_blob: bytes, chunk):
     """The Ray task: set up this worker process for the job once, then tokenize the chunk.
 
     The init args travel pickled, as bytes: Ray hands a task its arguments deserialized, and
-    unpickling a Tokenizer loads its file again (0.1 s for a 50k-entry tokenizer.json, 3% of
-    an 8 MiB chunk's work), so only a worker process new to the job unpickles them.
+    unpickling a Tokenizer loads its file again (a few percent of a chunk's work:
+    docs/perf/dataprep-tokenize.md), so only a worker process new to the job unpickles them.
     """
     if worker_job() != job:  # a new job (or a fresh worker process)
         init_worker(*pickle.loads(init_blob), ignore_sigint=False, job=job)

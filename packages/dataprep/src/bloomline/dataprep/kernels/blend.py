@@ -1,8 +1,8 @@
 """The compiled loops behind ``blending`` (numba); that module's docstring has the rule and
 the reasons.
 
-Imported on the first blend build only: importing numba takes ~0.5 s, which a ``dataprep``
-command that builds no blend should not pay. numba's cache keeps the machine code in
+Imported on the first blend build only: importing numba takes a noticeable while, which a
+``dataprep`` command that builds no blend should not pay. numba's cache keeps the machine code in
 ``__pycache__`` (or its user cache folder where that is read-only), so only the first
 build on a machine compiles (``kernels.jit``: where neither is writable, every process does).
 

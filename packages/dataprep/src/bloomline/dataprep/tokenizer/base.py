@@ -141,7 +141,7 @@ class Tokenizer(ABC):
 
         Two tokenizers with the same fingerprint give ids the same meaning, whatever their
         files look like (a re-saved ``tokenizer.json``, a copied ``.model``): this is what a
-        corpus and a run must agree on. Computed once (~0.2 s for 250k entries).
+        corpus and a run must agree on. Computed once (it hashes the whole vocabulary).
         """
         if self._fingerprint is None:
             digest = hashlib.sha256(self.kind.encode() + b"\0")
@@ -176,7 +176,7 @@ class Tokenizer(ABC):
         return {}
 
     # Worker processes get the file or name and load the tokenizer themselves: shipping a
-    # 250k-entry vocabulary (or a Rust object that cannot be pickled) through a pipe would be
+    # large vocabulary (or a Rust object that cannot be pickled) through a pipe would be
     # slower. The class itself rebuilds it, so this module needs no factory.
     def __reduce__(self):
         return type(self)._unpickle, (self.target, self.eod_token, self.spec)

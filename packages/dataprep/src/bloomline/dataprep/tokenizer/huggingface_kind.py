@@ -42,7 +42,7 @@ WELL_KNOWN_TOKENS = {
 _CONFIG_KEYS = {"eod": "eos_token", "bos": "bos_token", "pad": "pad_token", "unk": "unk_token"}
 _BYTE_PIECE = re.compile(r"^<0x[0-9A-F]{2}>$")
 # Batches of at least this many characters are encoded on a helper thread (see encode_batch):
-# starting one costs ~0.1 ms, encoding 64k characters ~20 ms.
+# starting one costs far less than encoding them (docs/perf/dataprep-tokenize.md).
 _HELPER_THREAD_CHARS = 1 << 16
 
 
@@ -117,11 +117,11 @@ class HuggingFaceTokenizer(Tokenizer):
         except TypeError:  # not all strings: the library's own error says which
             big = False
         if big and threading.current_thread() is threading.main_thread():
-            # The library spends ~40% of its time in malloc and free (a string per token).
+            # The library spends much of its time in malloc and free (a string per token).
             # On the main thread they go to glibc's main arena, which the interpreter shares,
-            # and ran 10-30% slower there than on any other thread, which gets an arena of its
-            # own (benchmarks/bench_tokenize.py). So a big batch is encoded on a helper
-            # thread while this one waits; the ids are the same.
+            # and ran slower there than on any other thread, which gets an arena of its own
+            # (docs/perf/dataprep-tokenize.md). So a big batch is encoded on a helper thread
+            # while this one waits; the ids are the same.
             with ThreadPoolExecutor(1, thread_name_prefix="tokenizers-encode") as helper:
                 return helper.submit(self._encode_ids, texts).result()
         return self._encode_ids(texts)
