@@ -138,6 +138,7 @@ def _greedy(weights: np.ndarray, size: int, limits: np.ndarray | None,
     to exercise the wake kernel's refiling and a short ``segment_length`` to cut many
     segments whose guesses are wrong.
     """
+    # numba: imported on the first blend only (see the module docstring)
     from bloomline.dataprep.kernels import blend as blend_kernels
 
     num_datasets = len(weights)

@@ -139,6 +139,7 @@ def shuffle(rng: np.random.RandomState, array: np.ndarray) -> None:
     if not _COMPILED_FROM <= len(array) < 1 << 32:
         rng.shuffle(array)
         return
+    # numba: imported for large arrays only (see _COMPILED_FROM)
     from bloomline.dataprep.kernels.sample_index import shuffle_mt19937
 
     name, key, pos, has_gauss, gauss = rng.get_state(legacy=True)
@@ -168,6 +169,7 @@ def _sample_starts(sequence_lengths: np.ndarray, document_index: np.ndarray, seq
             and int(sequence_lengths.max(initial=0)) <= int32_max)
     rows = np.empty((num_rows, 2), dtype=np.int32 if fits else np.int64)
     if len(document_index) >= _COMPILED_FROM:  # Megatron's loop, compiled
+        # numba: imported for large indices only (see _COMPILED_FROM)
         from bloomline.dataprep.kernels.sample_index import sample_starts
 
         sample_starts(sequence_lengths, document_index, seq_length, rows, extra)
@@ -363,6 +365,7 @@ class _BatchReader:
     and the ``.bin`` mapped as an array of tokens."""
 
     def __init__(self, samples: GPTSampleDataset) -> None:
+        # numba: imported when a batch reader is made, not by every import of this module
         from bloomline.dataprep.kernels.sample_index import gather_samples
 
         index, dataset = samples.index, samples.dataset
