@@ -64,8 +64,6 @@ class ChunkResult:
     source_bytes: int
 
 
-
-
 def init_worker(tokenizer: Tokenizer, keys: list[str], append_eod: bool, skip_bad_lines: bool,
                 scratch: str, ignore_sigint: bool, parent: int | None = None,
                 job: str | None = None) -> None:

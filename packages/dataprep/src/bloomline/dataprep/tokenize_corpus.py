@@ -74,7 +74,6 @@ __all__ = [
 ]
 
 
-
 @dataclass
 class TokenizeSummary:
     """What a tokenize run wrote. Counts are per key where keys differ."""
