@@ -16,6 +16,7 @@ from bloomline.dataprep.build_index import (
     parse_weights,
 )
 from bloomline.dataprep.demo_corpus import write_demo_corpus
+from bloomline.dataprep.formats import SUPPORTED_SUFFIXES
 from bloomline.dataprep.indexed_dataset import IndexedDataset, merge_indexed_datasets
 from bloomline.dataprep.sharding import check_shard_parts, format_merge_summary, parse_shard
 from bloomline.dataprep.tokenize_corpus import tokenize_corpus
@@ -77,8 +78,8 @@ def train_tokenizer(
 @app.command("tokenize")
 def tokenize(
     inputs: list[str] = typer.Argument(
-        ..., help="Files, globs or folders: .jsonl/.json(.zst/.gz), .parquet, .txt, "
-        "save_to_disk dataset folders."),
+        ..., help=f"Files, globs or folders: {', '.join(SUPPORTED_SUFFIXES)}, save_to_disk "
+        "dataset folders."),
     tokenizer: str = typer.Option(
         ..., help=f"The tokenizer: {TOKENIZER_SPEC_HELP}."),
     output: str = typer.Option(..., help="Output prefix corpus/NAME."),
