@@ -79,7 +79,7 @@ from tokenize_contestants import (  # noqa: E402
     same_files,
 )
 
-from bloomline.dataprep.pipeline import tokenize_corpus  # noqa: E402
+from bloomline.dataprep.tokenize_corpus import tokenize_corpus  # noqa: E402
 from bloomline.dataprep.tokenizer import load_tokenizer, train_tokenizer  # noqa: E402
 
 SP, HF = "sentencepiece", "tokenizer.json"

@@ -101,7 +101,7 @@ from bloomline.dataprep.indexed_dataset import (  # noqa: E402
     IndexedDatasetWriter,
     merge_indexed_datasets,
 )
-from bloomline.dataprep.pipeline import tokenize_corpus  # noqa: E402
+from bloomline.dataprep.tokenize_corpus import tokenize_corpus  # noqa: E402
 from bloomline.dataprep.sources import (  # noqa: E402
     DEFAULT_CHUNK_BYTES,
     expand_inputs,

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from bloomline.common.config import (
+from bloomline.common.config_loader import (
     Range,
     check_ranges,
     config_from_dict,

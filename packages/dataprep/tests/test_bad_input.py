@@ -13,7 +13,7 @@ import pytest
 
 from bloomline.common import UserError
 from bloomline.dataprep import IndexedDataset, IndexedDatasetWriter
-from bloomline.dataprep.pipeline import tokenize_corpus
+from bloomline.dataprep.tokenize_corpus import tokenize_corpus
 
 
 def _assert_clean_failure(result, message, out_dir):

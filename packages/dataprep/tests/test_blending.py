@@ -127,22 +127,22 @@ def test_segments_verify_their_guesses():
     or stops rewriting before the segment's counts really equal the rule's. Every segment
     but the first is given counts that are off by one in two datasets (still summing to its
     position, so only the comparison with the rule's counts can tell)."""
-    from bloomline.dataprep import _blend_kernels
+    from bloomline.dataprep.kernels import blend as blend_kernels
 
     rng = np.random.default_rng(5)
     weights = _weights(rng, "skewed", 12)
     limit = np.full(12, np.inf)
     size, length = 5000, 100
-    segments = _blend_kernels.LANES * 3
+    segments = blend_kernels.LANES * 3
     guess = blending._guess_counts(weights, limit, np.arange(segments) * length)
     heavy, light = np.argmax(weights), np.argmin(weights)
     guess[1:, heavy] -= 1
     guess[1:, light] += 1
     index, sample = np.empty(size, np.int16), np.empty(size, np.int64)
     end_count = np.empty_like(guess)
-    _blend_kernels.blend_segments(weights, limit, guess, length, index, sample, end_count)
+    blend_kernels.blend_segments(weights, limit, guess, length, index, sample, end_count)
     assert not np.array_equal(index, _reference(weights, size)[0])  # the guesses misled it
-    rerun = _blend_kernels.blend_join(weights, limit, guess, length, end_count, index, sample)
+    rerun = blend_kernels.blend_join(weights, limit, guess, length, end_count, index, sample)
     assert rerun >= size // length - 1  # every segment after the first rewritten in part
     np.testing.assert_array_equal(index, _reference(weights, size)[0])
     np.testing.assert_array_equal(sample, _reference(weights, size)[1])

@@ -18,7 +18,7 @@ from bloomline.dataprep import (
 )
 
 # Three documents: [1, 2, 3], an empty one, [4, 5]; uint16 tokens. Worked out by hand from
-# shared/specs/megatron-data.md: S = 2 sequences (the empty document owns none), D' = 4
+# docs/formats/megatron-data.md: S = 2 sequences (the empty document owns none), D' = 4
 # boundaries [0, 1, 1, 2], byte offsets [0, 6] (3 tokens * 2 bytes).
 GOLDEN_IDX = bytes.fromhex(
     "4d4d4944494458 0000"          # magic "MMIDIDX\0\0"

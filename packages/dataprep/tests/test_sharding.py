@@ -5,6 +5,7 @@ together, before it writes anything."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import random
 import shutil
@@ -239,7 +240,7 @@ def _units(source: Source) -> int:
 
         return pq.ParquetFile(source.path).metadata.num_row_groups
     if source.format == "hf":
-        from bloomline.dataprep.documents import load_hf_dataset
+        from bloomline.dataprep.formats.hf_dataset import load_hf_dataset
 
         return len(load_hf_dataset(source.path))
     return source.size
@@ -492,12 +493,13 @@ def test_overwrite_of_a_part_never_leaves_a_stale_record(tiny_tokenizer, tmp_pat
 
     # A rerun that dies after its .bin/.idx are in place but before its record is written
     # must not leave the old record describing the new files.
-    import bloomline.dataprep.pipeline as pipeline
+    # the module, not the function of the same name that the package re-exports
+    tokenize_module = importlib.import_module("bloomline.dataprep.tokenize_corpus")
 
     def die(*args, **kwargs):
         raise OSError("killed before the record was written")
 
-    monkeypatch.setattr(pipeline, "write_shard_record", die)
+    monkeypatch.setattr(tokenize_module, "write_shard_record", die)
     with pytest.raises(OSError, match="killed"):
         _tokenize([good, good], tiny_tokenizer, prefix, shard=(0, 1), overwrite=True)
     assert IndexedDataset(prefix).num_documents == 120  # the new run's files

@@ -21,7 +21,7 @@ import torch
 from distributed import run_distributed
 from trainer_fixtures import tiny_config, write_corpus
 
-from bloomline.common.config import to_toml
+from bloomline.common.config_loader import to_toml
 from bloomline.common.errors import UserError
 from bloomline.trainer import checkpoint as ckpt
 from bloomline.trainer.checkpoint_async import AsyncCheckpointer

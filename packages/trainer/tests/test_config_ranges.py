@@ -1,5 +1,5 @@
 """Every setting of the trainer is checked before any work: each numeric or enumerated field
-has its allowed range declared next to it (``ranged`` in ``bloomline.common.config``), the
+has its allowed range declared next to it (``ranged`` in ``bloomline.common.config_loader``), the
 rules between fields live in ``config.validate`` / ``config.parallel_sizes``, and a bad value
 ends in one ``error:`` line naming the field, never in a traceback, a hang or a silent run.
 
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from bloomline.common.config import check_ranges, field_range
+from bloomline.common.config_loader import check_ranges, field_range
 from bloomline.common.errors import UserError
 from bloomline.trainer.config import Config, load_trainer_config, parallel_sizes, validate
 

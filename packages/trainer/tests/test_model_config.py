@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bloomline.common.config import load_config, to_toml
+from bloomline.common.config_loader import load_config, to_toml
 from bloomline.common.errors import UserError
 from bloomline.trainer.config import Config, load_trainer_config
 from bloomline.trainer.model import GPT, ModelConfig, build_model, padded_vocab_size

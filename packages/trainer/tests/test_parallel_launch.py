@@ -73,7 +73,7 @@ def test_nproc_2_trains_like_one_process_and_writes_once(corpus, tmp_path, make_
     metrics.jsonl / checkpoints over the others', the arguments (--config, overrides) are not
     forwarded, or dp2 trains on other samples than one process: 5 steps at dp2 must log each
     step once, save a checkpoint both ranks wrote, and match one process's losses."""
-    from bloomline.common.config import to_toml
+    from bloomline.common.config_loader import to_toml
     from bloomline.trainer.loop import Trainer
 
     settings = {"train": {"train_samples": 20, "log_interval": 1}}
@@ -98,7 +98,7 @@ def test_slurm_script_starts_the_launcher_with_a_rendezvous(corpus, tmp_path, ma
     host, MAX_RESTARTS) or ignores its extra arguments, or requeues a run that finished: run
     under a stand-in srun/scontrol on one node with 2 processes, it must train and checkpoint
     at tp2, exit 0 and not requeue."""
-    from bloomline.common.config import to_toml
+    from bloomline.common.config_loader import to_toml
 
     recipe = tmp_path / "recipe.toml"
     recipe.write_text(to_toml(make_config(corpus, tmp_path / "run",

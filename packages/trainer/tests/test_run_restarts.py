@@ -99,7 +99,7 @@ def test_max_restarts_resumes_a_killed_rank_and_trains_as_if_uninterrupted(
     instead of step 4's, or the resumed steps differ from an uninterrupted run (data order,
     optimizer or RNG state not restored): the run must finish, log step 5 again after the
     restart, and every step's last loss must match one process's run within 1e-5."""
-    from bloomline.common.config import to_toml
+    from bloomline.common.config_loader import to_toml
     from bloomline.trainer.loop import Trainer
 
     settings = {"train": {"train_samples": 32, "log_interval": 1},
@@ -144,7 +144,7 @@ def test_slurm_script_requeues_a_preempted_run(corpus, tmp_path, make_config):
     did not save: rank 1 alone gets SIGUSR1 before step 2 (SLURM's --signal=USR1@120); both
     ranks must save step 2 and stop, the launcher exit 75 and the script call
     `scontrol requeue 4242`. Needs the worker side (loop + ``exit_preempted``)."""
-    from bloomline.common.config import to_toml
+    from bloomline.common.config_loader import to_toml
 
     recipe = tmp_path / "recipe.toml"
     recipe.write_text(to_toml(make_config(corpus, tmp_path / "run",

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from trainer_fixtures import tiny_config, write_corpus
 
-from bloomline.common.config import to_toml
+from bloomline.common.config_loader import to_toml
 from bloomline.trainer.loop import Trainer
 from bloomline.trainer.survival.preemption import PREEMPTED_EXIT_CODE
 

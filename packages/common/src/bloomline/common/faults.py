@@ -9,10 +9,11 @@ through the command line, torchrun, a process pool or a Ray cluster::
 
 Each fault is ``ACTION@POINT`` followed by ``:KEY=VALUE`` conditions, all of which must hold:
 
-- points: the trainer's ``step``, ``save`` and ``batch`` (see ``bloomline.trainer.survival.faults``);
-  dataprep's ``chunk`` (a worker about to tokenize chunk ``chunk``), ``shard`` (a worker that
-  has written chunk ``chunk``'s shard, before closing it) and ``splice`` (the main process
-  about to append chunk ``chunk`` to the outputs);
+- points: the trainer's ``step``, ``save`` and ``batch`` (see
+  ``bloomline.trainer.survival.faults``); dataprep's ``chunk`` (a worker about to tokenize
+  chunk ``chunk``), ``shard`` (a worker that has written chunk ``chunk``'s shard, before
+  closing it) and ``splice`` (the main process about to append chunk ``chunk`` to the
+  outputs);
 - actions: ``kill`` (SIGKILL to this process: no handler, no cleanup, like a node failure),
   ``term`` / ``usr1`` / ``int`` (SIGTERM / SIGUSR1 / SIGINT to this process: what SLURM
   sends, what Ctrl-C sends), ``hang`` (sleep forever: a stuck collective or a dead NFS

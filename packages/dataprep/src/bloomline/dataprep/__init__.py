@@ -23,7 +23,7 @@ from bloomline.dataprep.indexed_dataset import (
     merge_indexed_datasets,
     token_dtype_for_vocab,
 )
-from bloomline.dataprep.pipeline import TokenizeSummary, tokenize_corpus
+from bloomline.dataprep.tokenize_corpus import TokenizeSummary, tokenize_corpus
 from bloomline.dataprep.tokenizer import Tokenizer, load_tokenizer, train_tokenizer
 
 __all__ = [

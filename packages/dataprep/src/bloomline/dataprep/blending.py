@@ -1,60 +1,40 @@
 """Megatron's blend indices (``BlendedDataset``), exactly, compiled with numba.
 
-The rule (``shared/specs/megatron-data.md`` section 4): at position i of the blend, with
+The rule (``docs/formats/megatron-data.md`` section 4): at position i of the blend, with
 t = max(i, 1) and c_d the samples dataset d has given so far, pick the d with the largest
 ``w_d * t - c_d`` in float64 (ties to the lowest d); ``dataset_index[i] = d``,
 ``dataset_sample_index[i] = c_d``; then ``c_d += 1``. The *exhaustive* variant (no size given)
 draws exactly ``sizes[d]`` samples from each dataset with ``w_d = sizes[d] / sum(sizes)`` and
 skips datasets that are spent.
 
-Each step depends on every earlier one. megatron-core runs it as one C++ loop over all
-datasets at every step; each step waits on the previous pick's count (~14 ns a step at 10
-datasets on the 2-vCPU EPYC dev machine, whatever the loop does around it). Two kernels
-compiled by numba (``_blend_kernels``) evaluate the same float64 expression (no fast-math: no
-fused multiply-add), so every comparison and pick is identical:
+Each step depends on every earlier one (megatron-core runs it as one C++ loop over all
+datasets at every step). Two kernels compiled by numba (``kernels.blend``) evaluate the same
+float64 expression (no fast-math: no fused multiply-add), so every comparison and pick is
+identical:
 
 - *segments* (up to ``SEGMENT_LIMIT`` datasets of mostly distinct weights): the blend is cut
   into segments of ``SEGMENT_LENGTH`` positions and each runs the rule from a *guess* of
   the counts at its start (``w * position``, rounded so they sum to it: the rule keeps
   every count within about one of that). Independent segments break the chain: 24 of them
-  run side by side, 8 per SIMD vector (``_blend_simd``), so the CPU overlaps their steps.
-  Then ``blend_join`` verifies from the start: where a segment begins, the true counts are
-  known (the previous segment's end, once verified); if they differ from its guess, the
-  rule runs on from the true counts, rewriting its positions, until the two runs' counts
-  are equal, after which the deterministic rule makes the rest of the segment right
-  (measured at 10M samples, 312 segments, lognormal weights: 0.5-7.5 steps per segment on
-  average at 3-500 datasets, < 0.03% of all steps). A guess that never meets costs its
-  segment a sequential rerun (seen once in 312 with 300 weights of lognormal sigma 2.5), so
-  the result is exact in every case; only the time depends on the guesses.
+  run side by side, 8 per SIMD vector (``kernels.blend_simd``), so the CPU overlaps their
+  steps. Then ``blend_join`` verifies from the start: where a segment begins, the true
+  counts are known (the previous segment's end, once verified); if they differ from its
+  guess, the rule runs on from the true counts, rewriting its positions, until the two
+  runs' counts are equal, after which the deterministic rule makes the rest of the segment
+  right. A guess that never meets costs its segment a sequential rerun, so the result is
+  exact in every case; only the time depends on the guesses.
 - *wake* (more datasets, or many of equal weight): only datasets whose error can be near
   the top are evaluated. Between two picks a dataset's error grows linearly, so the step
   at which it can reach a level ``lam`` is known in advance; it sleeps in a timing wheel
   until then. If the best awake error is at least ``lam``, no sleeper can beat or tie it;
-  otherwise (a few % of steps) all are evaluated. ``lam`` follows a low quantile of recent
-  winning errors. Datasets of equal weight form one group (their errors differ by their
-  counts only, so they are served in turn), which keeps exact ties, the worst case for the
-  level, to one entry.
+  otherwise all are evaluated. ``lam`` follows a low quantile of recent winning errors.
+  Datasets of equal weight form one group (their errors differ by their counts only, so
+  they are served in turn), which keeps exact ties, the worst case for the level, to one
+  entry.
 
-Measured (``make bench-build-index``, its blend rows: 10M samples, lognormal weights, median
-of 5 rounds, wall time ours / megatron-core's, quiet machine): 3 datasets 0.28x, 10: 0.27x,
-30: 0.15x, 100 (segments): 0.25x, 500 (wake): 0.19x, all identical. The segment kernel
-against the wake kernel (the bench's "other kernel" column): 0.19 s against 0.48 s at 100
-datasets, 0.98 s against 0.70 s at 500; 0.09 s against 0.20 s at 40 datasets of which 30
-are equal, 0.88 s against 0.09 s at 500 equal ones; hence the choice (``_choose``).
-
-Tried before and dropped: a single sequential scan compiled (the maximum over four chains,
-then the first dataset holding it): 0.36x at 3 datasets but 1.08x at 10, where every
-variant of the pick stayed on the chain (an index per chain, a branchless first holder, two
-steps per iteration: 1.4-1.8x slower); 24 segments side by side in numba source, which
-numba leaves scalar (0.094 s at 10 datasets against 0.035 s in vector IR); numpy "lanes"
-(~1,000 segments stepped together by numpy calls): 1.6x-4.9x megatron-core's time, as each
-step costs a dozen numpy calls over temporaries. A C extension would need a compiler at
-install. Cost of numba 0.68.1 (manylinux wheels, no compiler): ~210 MB installed (llvmlite's
-LLVM library is 170 MB of it; the wheels download 64 MB); ``import numba`` ~0.3 s, paid on
-the first blend only (the kernels module is imported lazily); compiling the kernels on a
-machine's first blend ~2.2 s (segments) and ~1.3 s (wake, only when chosen); ``cache=True``
-stores the machine code in ``__pycache__`` (numba's user cache where that is read-only), so
-later processes load it in ~0.01 s.
+``_choose`` picks the kernel from the weights. The kernels module is imported on the first
+blend only (numba's import is not free). Measurements: ``docs/perf/dataprep-blend.md``; the
+alternatives tried and why numba: ``docs/decisions/dataprep-blend-kernels.md``.
 """
 
 from __future__ import annotations
@@ -130,8 +110,8 @@ def blend_kernel(weights: np.ndarray, limits: np.ndarray | None = None) -> str:
 
 def _choose(num_datasets: int, num_groups: int) -> str:
     # the segment kernel evaluates every dataset at every step; the wake kernel's bookkeeping
-    # pays off beyond a few hundred datasets, or beyond ~48 where equal weights make groups
-    # of them (64 equal: 0.09 s wake, 0.13 s segments; 40, 30 of them equal: 0.20 s, 0.09 s)
+    # pays off beyond a few hundred datasets, or beyond 48 where equal weights make groups of
+    # them (measurements: docs/perf/dataprep-blend.md)
     few = num_datasets <= SEGMENT_LIMIT and (2 * num_groups > num_datasets
                                              or num_datasets <= 48)
     return "segments" if few else "wake"
@@ -158,7 +138,8 @@ def _greedy(weights: np.ndarray, size: int, limits: np.ndarray | None,
     to exercise the wake kernel's refiling and a short ``segment_length`` to cut many
     segments whose guesses are wrong.
     """
-    from bloomline.dataprep import _blend_kernels
+    # numba: imported on the first blend only (see the module docstring)
+    from bloomline.dataprep.kernels import blend as blend_kernels
 
     num_datasets = len(weights)
     dataset_index = np.empty(size, dtype=np.int16)
@@ -169,15 +150,15 @@ def _greedy(weights: np.ndarray, size: int, limits: np.ndarray | None,
              else np.asarray(limits, dtype=np.float64))
     order, start = _groups(weights, limit)
     if (kernel or _choose(num_datasets, len(start))) == "segments":
-        lanes = _blend_kernels.LANES
+        lanes = blend_kernels.LANES
         # whole rounds of LANES segments, about segment_length each
         num_segments = lanes * -(-size // (lanes * segment_length))
         length = -(-size // num_segments)
         guess = _guess_counts(weights, limit, np.arange(num_segments) * length)
         end_count = np.empty_like(guess)
-        _blend_kernels.blend_segments(weights, limit, guess, length, dataset_index,
+        blend_kernels.blend_segments(weights, limit, guess, length, dataset_index,
                                       dataset_sample_index, end_count)
-        _blend_kernels.blend_join(weights, limit, guess, length, end_count, dataset_index,
+        blend_kernels.blend_join(weights, limit, guess, length, end_count, dataset_index,
                                   dataset_sample_index)
         return dataset_index, dataset_sample_index
     sorted_weights, group_limit = weights[order][start], limit[order][start]
@@ -187,7 +168,7 @@ def _greedy(weights: np.ndarray, size: int, limits: np.ndarray | None,
     wheel = 1 << int(np.clip(math.ceil(math.log2(8 * len(start))), 10, 16))
     # a full evaluation costs as much as ~all groups awake: about 2 of them per step
     quantile = min(0.05, 2.0 / len(start))
-    _blend_kernels.blend_wake(
+    blend_kernels.blend_wake(
         np.ascontiguousarray(sorted_weights),         # weight
         np.where(group_limit > 0, 0.0, np.inf),       # q: a size-0 dataset is spent
         np.zeros(len(start), dtype=np.int64),         # pos

@@ -131,7 +131,7 @@ class BlendedSampleDataset:
         batch = np.empty((len(ids), first.sample_length), dtype=first.dataset.dtype)
         if len(ids) == 0:
             return batch
-        if self._plain is None:  # indexing a np.memmap costs ~1 us more per call
+        if self._plain is None:  # indexing a np.memmap costs more per call (subclass hooks)
             self._plain = (np.asarray(self.dataset_index).view(np.ndarray),
                            np.asarray(self.dataset_sample_index).view(np.ndarray))
         try:

@@ -2,12 +2,26 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 
 import typer
 
 from bloomline.common.errors import UserError, exit_on_user_error
+from bloomline.dataprep.build_index import (
+    IndexRequest,
+    build_sample_datasets,
+    format_report,
+    parse_weights,
+)
+from bloomline.dataprep.demo_corpus import write_demo_corpus
+from bloomline.dataprep.formats import SUPPORTED_SUFFIXES
+from bloomline.dataprep.indexed_dataset import IndexedDataset, merge_indexed_datasets
+from bloomline.dataprep.sharding import check_shard_parts, format_merge_summary, parse_shard
+from bloomline.dataprep.tokenize_corpus import tokenize_corpus
+from bloomline.dataprep.tokenizer import TOKENIZER_SPEC_HELP
+from bloomline.dataprep.tokenizer import train_tokenizer as train
 
 app = typer.Typer(
     help="bloomline dataprep: raw corpora to Megatron-compatible token files.",
@@ -25,8 +39,6 @@ def demo_corpus(
     overwrite: bool = typer.Option(False, help="Replace an existing output."),
 ) -> None:
     """Write a deterministic corpus of real text (Python stdlib docstrings and comments)."""
-    from bloomline.dataprep.demo_corpus import write_demo_corpus
-
     try:
         summary = write_demo_corpus(out_dir, size_mb=size_mb, name=name, overwrite=overwrite)
     except (FileExistsError, ValueError) as err:
@@ -56,8 +68,6 @@ def train_tokenizer(
 ) -> None:
     """Train a tokenizer: SentencePiece (byte fallback) or a BLOOM-style byte-level BPE, with
     <unk> 0, <s> 1, </s> 2 (EOD), <pad> 3."""
-    from bloomline.dataprep.tokenizer import train_tokenizer as train
-
     path = train(inputs, output, vocab_size, kind=kind, model_type=model_type,
                  keys=tuple(json_key),
                  max_sentences=max_sentences, txt_per_line=txt_per_line,
@@ -68,11 +78,10 @@ def train_tokenizer(
 @app.command("tokenize")
 def tokenize(
     inputs: list[str] = typer.Argument(
-        ..., help="Files, globs or folders: .jsonl/.json(.zst/.gz), .parquet, .txt, "
-        "save_to_disk dataset folders."),
+        ..., help=f"Files, globs or folders: {', '.join(SUPPORTED_SUFFIXES)}, save_to_disk "
+        "dataset folders."),
     tokenizer: str = typer.Option(
-        ..., help="SentencePiece .model, Hugging Face tokenizer.json (or its folder), tiktoken "
-        ".tiktoken file or tiktoken:NAME."),
+        ..., help=f"The tokenizer: {TOKENIZER_SPEC_HELP}."),
     output: str = typer.Option(..., help="Output prefix corpus/NAME."),
     json_key: list[str] = typer.Option(
         ["text"], help="JSON field (or column) to tokenize; repeat for one output per key "
@@ -101,9 +110,6 @@ def tokenize(
         "sees."),
 ) -> None:
     """Tokenize corpora into Megatron-compatible NAME.bin/NAME.idx."""
-    from bloomline.dataprep.pipeline import tokenize_corpus
-    from bloomline.dataprep.sharding import parse_shard
-
     summary = tokenize_corpus(
         inputs, tokenizer, output, keys=json_key, workers=workers, append_eod=append_eod,
         overwrite=overwrite, skip_bad_lines=skip_bad_lines, txt_per_line=txt_per_line,
@@ -123,9 +129,6 @@ def merge(
 ) -> None:
     """Concatenate token files (same dtype) into one .bin/.idx pair. The N parts of a
     `tokenize --shard K/N` job, given in shard order, give the single run's bytes."""
-    from bloomline.dataprep.indexed_dataset import IndexedDataset, merge_indexed_datasets
-    from bloomline.dataprep.sharding import check_shard_parts, format_merge_summary
-
     # checked before anything is written: parts of one job, each once, in shard order
     counts = [IndexedDataset(prefix).num_documents for prefix in prefixes]
     parts = check_shard_parts(prefixes, counts)
@@ -156,15 +159,6 @@ def build_index(
     json_output: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
     """Build (or reuse) Megatron-identical sample indices and blends for every split."""
-    import json
-
-    from bloomline.dataprep.build_index import (
-        IndexRequest,
-        build_sample_datasets,
-        format_report,
-        parse_weights,
-    )
-
     request = IndexRequest(
         seq_length=seq_length, train_samples=train_samples, valid_samples=valid_samples,
         test_samples=test_samples, split=split, seed=seed,

@@ -1,6 +1,6 @@
 """Fixed-length samples of one token file in Megatron's order (``GPTDataset``), and splits.
 
-Mental model (``shared/specs/megatron-data.md`` sections 2 and 3)::
+Mental model (``docs/formats/megatron-data.md`` sections 2 and 3)::
 
     split "969,30,1" -> contiguous ranges of sequence ids (train / valid / test)
     sequence ids of a split, E epochs -> document index (ids tiled E times, shuffled)
@@ -10,7 +10,7 @@ Mental model (``shared/specs/megatron-data.md`` sections 2 and 3)::
 Everything is a pure function of (sequence lengths, split, L, requested samples, seed), drawn
 from one ``numpy.random.RandomState(seed)`` in Megatron's order, so the indices are identical
 to megatron-core's. Unlike Megatron's builder, the document index costs 4 bytes per (epoch,
-document). Large indices are shuffled and walked by compiled loops (``_index_kernels``, numba:
+document). Large indices are shuffled and walked by compiled loops (``kernels.sample_index``, numba:
 the same draws and swaps as ``RandomState.shuffle``), small ones with numpy (the sample index
 in closed form), which spares them numba's import.
 """
@@ -128,18 +128,19 @@ def _document_index(sequence_ids: np.ndarray, num_epochs: int, rng: np.random.Ra
     return index
 
 
-# From this many entries the compiled loops (``_index_kernels``) run instead of numpy's: below
-# it numpy takes ~10-40 ms, less than importing numba (~0.3 s).
+# From this many entries the compiled loops (``kernels.sample_index``) run instead of numpy's:
+# below it numpy takes less time than importing numba (docs/perf/dataprep-index-kernels.md).
 _COMPILED_FROM = 1 << 20
 
 
 def shuffle(rng: np.random.RandomState, array: np.ndarray) -> None:
     """``rng.shuffle(array)`` for a contiguous 1-D array, leaving ``rng`` in the state that
-    leaves: the same permutation, ~2x faster for large arrays (``_index_kernels``)."""
+    leaves: the same permutation, faster for large arrays (``kernels.sample_index``)."""
     if not _COMPILED_FROM <= len(array) < 1 << 32:
         rng.shuffle(array)
         return
-    from bloomline.dataprep._index_kernels import shuffle_mt19937
+    # numba: imported for large arrays only (see _COMPILED_FROM)
+    from bloomline.dataprep.kernels.sample_index import shuffle_mt19937
 
     name, key, pos, has_gauss, gauss = rng.get_state(legacy=True)
     key = np.array(key, dtype=np.uint32)  # a writable copy the kernel advances
@@ -167,8 +168,9 @@ def _sample_starts(sequence_lengths: np.ndarray, document_index: np.ndarray, seq
     fits = (len(document_index) <= int32_max
             and int(sequence_lengths.max(initial=0)) <= int32_max)
     rows = np.empty((num_rows, 2), dtype=np.int32 if fits else np.int64)
-    if len(document_index) >= _COMPILED_FROM:  # Megatron's loop, compiled: 4x faster
-        from bloomline.dataprep._index_kernels import sample_starts
+    if len(document_index) >= _COMPILED_FROM:  # Megatron's loop, compiled
+        # numba: imported for large indices only (see _COMPILED_FROM)
+        from bloomline.dataprep.kernels.sample_index import sample_starts
 
         sample_starts(sequence_lengths, document_index, seq_length, rows, extra)
         return rows
@@ -296,7 +298,7 @@ class GPTSampleDataset:
         """Samples ``indices`` as one ``(len(indices), L + 1)`` array in the file's token dtype
         (uint16 or int32): row r holds the values of ``ds[indices[r]]``.
 
-        One call per micro-batch: one compiled loop (``_index_kernels.gather_samples``) copies
+        One call per micro-batch: one compiled loop (``kernels.sample_index.gather_samples``) copies
         every sample's document runs straight into the batch, where ``ds[i]`` pays a dozen
         numpy calls per sample.
 
@@ -354,7 +356,7 @@ def out_of_range(index: int, num_samples: int) -> IndexError:
 
 def _plain(array: np.ndarray) -> np.ndarray:
     """``array`` as a plain ndarray view: numba takes no ``np.memmap``, and indexing one from
-    Python costs ~1 us more per call (its subclass hooks)."""
+    Python costs more per call (its subclass hooks)."""
     return np.asarray(array).view(np.ndarray)
 
 
@@ -363,7 +365,8 @@ class _BatchReader:
     and the ``.bin`` mapped as an array of tokens."""
 
     def __init__(self, samples: GPTSampleDataset) -> None:
-        from bloomline.dataprep._index_kernels import gather_samples
+        # numba: imported when a batch reader is made, not by every import of this module
+        from bloomline.dataprep.kernels.sample_index import gather_samples
 
         index, dataset = samples.index, samples.dataset
         size = dataset.bin_path.stat().st_size

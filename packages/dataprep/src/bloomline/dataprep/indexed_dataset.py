@@ -3,7 +3,7 @@
 This module owns the format; everything else in bloomline (the tokenize pipeline, the sample
 indices, the trainer's loader, the inspection tools) reads and writes token files through it.
 
-Layout of ``NAME.idx`` (little-endian, no padding), see ``shared/specs/megatron-data.md``::
+Layout of ``NAME.idx`` (little-endian, no padding), see ``docs/formats/megatron-data.md``::
 
     magic  b"MMIDIDX\\x00\\x00" | u64 version=1 | u8 dtype code | u64 S | u64 D'
     int32[S] sequence lengths | int64[S] byte offsets into .bin | int64[D'] document boundaries

@@ -27,6 +27,7 @@ import pickle
 from collections.abc import Iterator
 
 from bloomline.common.errors import UserError
+from bloomline.dataprep.chunk_worker import init_worker, tokenize_chunk, worker_job
 
 __all__ = ["ray_results_in_flight"]
 
@@ -47,15 +48,12 @@ def _run_chunk(job: str, init_blob: bytes, chunk):
     """The Ray task: set up this worker process for the job once, then tokenize the chunk.
 
     The init args travel pickled, as bytes: Ray hands a task its arguments deserialized, and
-    unpickling a Tokenizer loads its file again (0.1 s for a 50k-entry tokenizer.json, 3% of
-    an 8 MiB chunk's work), so only a worker process new to the job unpickles them.
+    unpickling a Tokenizer loads its file again (a few percent of a chunk's work:
+    docs/perf/dataprep-tokenize.md), so only a worker process new to the job unpickles them.
     """
-    from bloomline.dataprep import pipeline
-
-    if pipeline._state.get("job") != job:  # a new job (or a fresh worker process)
-        pipeline._init_worker(*pickle.loads(init_blob), ignore_sigint=False)
-        pipeline._state["job"] = job
-    return pipeline._tokenize_chunk(chunk)
+    if worker_job() != job:  # a new job (or a fresh worker process)
+        init_worker(*pickle.loads(init_blob), ignore_sigint=False, job=job)
+    return tokenize_chunk(chunk)
 
 
 def _connect(ray, address: str, num_cpus: int) -> None:
@@ -94,7 +92,8 @@ def ray_results_in_flight(chunks: Iterator, address: str, workers: int, init_arg
             cluster this node belongs to), or a cluster address (``HOST:PORT``,
             ``ray://HOST:PORT``).
         workers: cores of a "local" instance; ignored when joining a cluster.
-        init_args: what each worker process needs once (see ``pipeline._init_worker``).
+        init_args: what each worker process needs once (see
+            :func:`~bloomline.dataprep.chunk_worker.init_worker`).
     """
     ray = _import_ray()
     if ray.is_initialized():  # e.g. a caller's own session: use it, leave it running

@@ -30,17 +30,16 @@ missing or repeated shard, or shards out of order before a merge writes anything
 
 from __future__ import annotations
 
-import bisect
 import json
 import os
 import re
 import socket
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from bloomline.common.atomic import atomic_write_bytes
 from bloomline.common.errors import UserError
-from bloomline.dataprep.sources import Source
+from bloomline.dataprep.formats import FORMATS, Source
 
 __all__ = [
     "ShardRecord",
@@ -66,58 +65,14 @@ def parse_shard(text: str) -> tuple[int, int]:
     return index, count
 
 
-def _is_cut_by_lines(source: Source, txt_per_line: bool) -> bool:
-    """Uncompressed line files: any byte can be reached by a seek."""
-    if source.compression is not None:
-        return False
-    return source.format == "jsonl" or (source.format == "txt" and txt_per_line)
-
-
-def _parquet_positions(source: Source) -> list[int]:
-    """The offset of each row group inside the file's share of the line of bytes."""
-    import pyarrow.parquet as pq
-
-    try:
-        meta = pq.ParquetFile(source.path).metadata
-    except Exception as err:  # pyarrow raises several types for a bad file
-        raise UserError(f"{source.path}: not a readable Parquet file ({err})") from None
-    sizes = [sum(meta.row_group(g).column(c).total_compressed_size
-                 for c in range(meta.row_group(g).num_columns))
-             for g in range(meta.num_row_groups)]
-    total = max(sum(sizes), 1)
-    positions, before = [], 0
-    for size in sizes:
-        positions.append(source.size * before // total)
-        before += size
-    return positions
-
-
-def _unit_range(positions, low: int, high: int) -> tuple[int, int]:
-    """[first, stop) of the sorted ``positions`` in [low, high)."""
-    return bisect.bisect_left(positions, low), bisect.bisect_left(positions, high)
-
-
-class _RowPositions:
-    """Row ``r`` of a dataset folder of ``size`` bytes and ``rows`` rows sits at
-    ``size * r // rows``: a sorted sequence for bisect without a list of every row."""
-
-    def __init__(self, size: int, rows: int) -> None:
-        self.size, self.rows = size, rows
-
-    def __len__(self) -> int:
-        return self.rows
-
-    def __getitem__(self, row: int) -> int:
-        return self.size * row // self.rows
-
-
 def shard_sources(sources: list[Source], index: int, count: int,
                   txt_per_line: bool = False) -> list[Source]:
     """The parts of ``sources`` that shard ``index`` of ``count`` tokenizes, in input order.
 
     A source cut inside gets ``start``/``stop`` (bytes of a line file, row groups of a
     Parquet file, rows of a dataset folder) and ``part_bytes``, its share of the on-disk
-    bytes (for chunk sizes, progress and ETA).
+    bytes (for chunk sizes, progress and ETA); where its units lie is its format's
+    ``shard_part``.
     """
     total = sum(s.size for s in sources)
     low = index * total // count
@@ -126,28 +81,9 @@ def shard_sources(sources: list[Source], index: int, count: int,
     offset = 0
     for source in sources:
         begin, end = low - offset, high - offset  # this shard's range, in the file's bytes
-        if _is_cut_by_lines(source, txt_per_line):
-            start, stop = max(begin, 0), min(end, source.size)
-            if start < stop:
-                parts.append(replace(source, start=start, stop=stop, part_bytes=stop - start))
-        elif source.format == "parquet":
-            positions = _parquet_positions(source)
-            first, stop = _unit_range(positions, begin, end)
-            if first < stop:
-                tail = positions[stop] if stop < len(positions) else source.size
-                parts.append(replace(source, start=first, stop=stop,
-                                     part_bytes=tail - positions[first]))
-        elif source.format == "hf":
-            from bloomline.dataprep.documents import load_hf_dataset
-
-            rows = _RowPositions(source.size, len(load_hf_dataset(source.path)))
-            first, stop = _unit_range(rows, begin, end)
-            if first < stop:
-                tail = rows[stop] if stop < rows.rows else source.size
-                parts.append(replace(source, start=first, stop=stop,
-                                     part_bytes=tail - rows[first]))
-        elif begin <= 0 < end:  # a whole-file unit: the shard where the file starts
-            parts.append(source)
+        part = FORMATS[source.format].shard_part(source, begin, end, txt_per_line)
+        if part is not None:
+            parts.append(part)
         offset += source.size
     return parts
 

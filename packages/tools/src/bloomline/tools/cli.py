@@ -14,8 +14,18 @@ import sys
 import typer
 
 from bloomline.common.errors import UserError, exit_on_user_error
-from bloomline.dataprep.build_index import IndexRequest
+from bloomline.dataprep.build_index import IndexRequest, build_sample_datasets
+from bloomline.dataprep.tokenizer import TOKENIZER_SPEC_HELP
+from bloomline.tools.blend_report import format_blend, summarize_blend
+from bloomline.tools.diff import diff_token_files, format_diff
+from bloomline.tools.documents import format_document, show_document
 from bloomline.tools.index_options import with_index_request
+from bloomline.tools.plot import plot_corpus, require_matplotlib
+from bloomline.tools.samples import describe_sample, format_sample, split_dataset
+from bloomline.tools.summary import format_summary, summarize
+from bloomline.tools.token_stats import count_tokens, format_token_stats
+from bloomline.tools.verify import format_verify, verify_corpus
+from bloomline.tools.vocab import Vocabulary
 
 app = typer.Typer(
     help="Offline, read-only inspection of .bin/.idx corpora and their sample orders.",
@@ -26,8 +36,7 @@ app = typer.Typer(
 
 _JSON = typer.Option(False, "--json", help="Print one JSON document instead of text.")
 _TOKENIZER = typer.Option(
-    None, help="Tokenizer to decode with: SentencePiece .model, tokenizer.json (or its folder), "
-    ".tiktoken file or tiktoken:NAME (default: ids).")
+    None, help=f"Tokenizer to decode with: {TOKENIZER_SPEC_HELP} (default: ids).")
 _FROM = typer.Option("train", "--from",
                      help="Split to read: train, valid or test (--split gives their shares).")
 
@@ -38,14 +47,10 @@ def _echo(result: dict, as_json: bool, formatter) -> None:
 
 
 def _vocabulary(model: str | None):
-    from bloomline.tools.vocab import Vocabulary
-
     return Vocabulary(model) if model else None
 
 
 def _built(corpus_dir: str, request: IndexRequest, cache_dir: str | None):
-    from bloomline.dataprep.build_index import build_sample_datasets
-
     # the trainer's own call: builds the cache entries if missing, reuses them otherwise
     return build_sample_datasets(corpus_dir, request, cache_dir=cache_dir)
 
@@ -59,8 +64,6 @@ def summary(
 
     Exit 1 when the format check fails (the summary is still printed).
     """
-    from bloomline.tools.summary import format_summary, summarize
-
     result = summarize(path)
     _echo(result, json_output, format_summary)
     if not result["ok"]:
@@ -73,8 +76,8 @@ def summary(
 def verify(
     path: str = typer.Argument(..., help="Token file prefix corpus/NAME, or a corpus folder."),
     tokenizer: str = typer.Option(
-        None, help="The corpus's tokenizer (.model, tokenizer.json, .tiktoken, tiktoken:NAME): "
-        "every token id must be below its vocabulary size."),
+        None, help=f"The corpus's tokenizer ({TOKENIZER_SPEC_HELP}): every token id must be "
+        "below its vocabulary size."),
     cache_dir: str = typer.Option(
         None, help="Index cache to check (default: CORPUS_DIR/.index of a folder)."),
     json_output: bool = _JSON,
@@ -85,8 +88,6 @@ def verify(
     token id against the vocabulary of --tokenizer (without it the largest id is reported),
     and for a corpus folder every entry of its index cache against the files.
     """
-    from bloomline.tools.verify import format_verify, verify_corpus
-
     vocab = _vocabulary(tokenizer)
     try:
         result = verify_corpus(path, vocab.vocab_size if vocab else None,
@@ -106,8 +107,6 @@ def show(
     json_output: bool = _JSON,
 ) -> None:
     """Decode document N (or print its token ids without --tokenizer)."""
-    from bloomline.tools.documents import format_document, show_document
-
     _echo(show_document(prefix, doc, _vocabulary(tokenizer)), json_output, format_document)
 
 
@@ -128,8 +127,6 @@ def sample(
     and its sample number there, and the documents and offsets it spans. Takes the options of
     `dataprep build-index` and uses (or builds) the same index cache.
     """
-    from bloomline.tools.samples import describe_sample, format_sample, split_dataset
-
     vocab = _vocabulary(tokenizer)
     split_ds, names = split_dataset(_built(corpus_dir, request, cache_dir), from_split,
                                     request.split)
@@ -152,8 +149,6 @@ def blend(
     dataset; the most and mean times a document is read and the share never read. Takes the
     options of `dataprep build-index` and uses (or builds) the same index cache.
     """
-    from bloomline.tools.blend_report import format_blend, summarize_blend
-
     built = _built(corpus_dir, request, cache_dir)
     _echo(summarize_blend(built, from_split, request.split), json_output, format_blend)
 
@@ -162,13 +157,11 @@ def blend(
 def tokens(
     prefix: str = typer.Argument(..., help="Token file prefix corpus/NAME."),
     tokenizer: str = typer.Option(
-        ..., help="The file's tokenizer (.model, tokenizer.json, .tiktoken, tiktoken:NAME)."),
+        ..., help=f"The file's tokenizer ({TOKENIZER_SPEC_HELP})."),
     top: int = typer.Option(20, help="How many of the most frequent tokens to list."),
     json_output: bool = _JSON,
 ) -> None:
     """Most frequent tokens, byte-fallback rate, EOD count, unused share of the vocabulary."""
-    from bloomline.tools.token_stats import count_tokens, format_token_stats
-
     _echo(count_tokens(prefix, _vocabulary(tokenizer), top), json_output, format_token_stats)
 
 
@@ -182,8 +175,6 @@ def diff(
 
     Exit 0 when identical, 1 when different (as cmp does).
     """
-    from bloomline.tools.diff import diff_token_files, format_diff
-
     result = diff_token_files(prefix_a, prefix_b)
     _echo(result, json_output, format_diff)
     if not result["identical"]:
@@ -206,8 +197,6 @@ def plot(
     Needs the plot extra: pip install 'bloomline-tools[plot]'. Takes the options of
     `dataprep build-index` and uses (or builds) the same index cache.
     """
-    from bloomline.tools.plot import plot_corpus, require_matplotlib
-
     require_matplotlib()  # before the index is built: fail in a second, not after minutes
     built = _built(corpus_dir, request, cache_dir)
     result = plot_corpus(corpus_dir, built, out, from_split, request.split, overwrite)

@@ -34,8 +34,8 @@ __all__ = [
     "scan_token_range",
 ]
 
-# 64 MiB per step: big enough that the per-chunk numpy call overhead vanishes (~30 chunks per
-# GB), small enough that a chunk's temporaries (e.g. a bincount's int64 widening) stay small.
+# 64 MiB per step: big enough that the per-chunk numpy call overhead vanishes, small enough
+# that a chunk's temporaries (e.g. a bincount's int64 widening) stay small.
 CHUNK_BYTES = 64 << 20
 
 
@@ -71,8 +71,8 @@ def map_tokens(dataset: IndexedDataset) -> np.ndarray:
     """Every token of the ``.bin`` as one read-only array over a fresh memory map.
 
     A private mapping advised ``MADV_SEQUENTIAL`` lets the kernel read ahead aggressively and
-    drop pages behind us: on the 2 GB benchmark file it scans at page-cache speed without a
-    copy (``readinto`` into a buffer measured 3x slower warm, the copy being the cost).
+    drop pages behind us: it scans at page-cache speed without a copy (``readinto`` into a
+    buffer was slower, the copy being the cost; docs/perf/dataprep-inspect-data.md).
     """
     size = dataset.bin_path.stat().st_size
     if size == 0:

@@ -22,8 +22,8 @@ class Vocabulary:
     """A tokenizer with per-id flags (control token, byte-fallback piece).
 
     Args:
-        model_path: what ``--tokenizer`` takes (a ``.model``, a ``tokenizer.json`` or its
-            folder, a ``.tiktoken`` file or ``tiktoken:NAME``).
+        model_path: what ``--tokenizer`` takes
+            (:data:`~bloomline.dataprep.tokenizer.TOKENIZER_SPEC_HELP`).
 
     Raises:
         UserError: when it names no tokenizer we read.

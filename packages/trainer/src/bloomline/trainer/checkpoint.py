@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from bloomline.common.config import config_from_dict, to_toml
+from bloomline.common.config_loader import config_from_dict, to_toml
 from bloomline.common.errors import UserError
 from bloomline.trainer.survival import faults
 from bloomline.trainer.checkpoint_manifest import (

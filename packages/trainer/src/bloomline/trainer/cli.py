@@ -9,6 +9,7 @@ import typer
 
 from bloomline.common.errors import UserError, exit_on_user_error
 from bloomline.common.stop_signals import StoppedError, StopSignals, Terminated
+from bloomline.dataprep.tokenizer import TOKENIZER_SPEC_HELP
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Train the BLOOM-recipe GPT on samples prepared by dataprep.")
@@ -115,8 +116,8 @@ def generate(
     top_k: int = typer.Option(0, help="Sample among the k most likely (0: all)."),
     top_p: float = typer.Option(1.0, help="Sample within this probability mass."),
     tokenizer: str = typer.Option(
-        None, help="Tokenizer (.model, tokenizer.json or its folder, .tiktoken, tiktoken:NAME; "
-        "default: data.tokenizer of the checkpoint's config)."),
+        None, help=f"Tokenizer: {TOKENIZER_SPEC_HELP} (default: data.tokenizer of the "
+        "checkpoint's config)."),
     seed: int = typer.Option(0, help="Sampling seed."),
 ) -> None:
     """Continue a prompt with a checkpoint (a sanity check of what the model learned)."""
@@ -141,8 +142,8 @@ def export_hf_command(
     out_dir: str = typer.Argument(..., help="Output folder (transformers BLOOM format)."),
     overwrite: bool = typer.Option(False, help="Replace an existing output folder."),
     tokenizer: str = typer.Option(
-        None, help="Tokenizer to export with the model (.model, tokenizer.json or its folder, "
-        ".tiktoken, tiktoken:NAME; default: data.tokenizer of the checkpoint's config)."),
+        None, help=f"Tokenizer to export with the model: {TOKENIZER_SPEC_HELP} (default: "
+        "data.tokenizer of the checkpoint's config)."),
 ) -> None:
     """Write a checkpoint as a transformers BloomForCausalLM (config.json + safetensors) with
     its tokenizer as files AutoTokenizer loads (tokenizer.json + tokenizer_config.json)."""

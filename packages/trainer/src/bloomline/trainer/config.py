@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bloomline.common.config import check_ranges, load_config, ranged
+from bloomline.common.config_loader import check_ranges, load_config, ranged
 from bloomline.common.errors import UserError
 from bloomline.trainer.model.config import ModelConfig
 from bloomline.trainer.model.linear import CPU_FP32_MATMUL_CHOICES

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
-from bloomline.common.config import to_toml
+from bloomline.common.config_loader import to_toml
 from bloomline.common.errors import UserError
 from bloomline.trainer import checkpoint as ckpt
 from bloomline.trainer.survival import faults

@@ -7,6 +7,11 @@ vocabulary that token files record beside them (see :mod:`bloomline.dataprep.fin
 
 EOD follows Megatron's tokenizers: ``eod`` is the model's end-of-sequence token. Each kind
 says how it finds it (see its module); ``eod_token`` names it when the files do not.
+
+A kind is one module holding a subclass, plus one line in :mod:`.registry`. The subclass says
+how a ``--tokenizer`` value is recognised as its kind (the class attributes and class methods
+under "recognising a kind", read by :mod:`.loading`) and how it becomes a Hugging Face
+``tokenizer.json`` (:meth:`Tokenizer.to_tokenizer_json`, read by :mod:`.hf_export`).
 """
 
 from __future__ import annotations
@@ -27,9 +32,11 @@ class Tokenizer(ABC):
     """A loaded tokenizer. Make one with :func:`~bloomline.dataprep.tokenizer.load_tokenizer`.
 
     Attributes:
-        kind: ``"sentencepiece"``, ``"huggingface"`` or ``"tiktoken"``.
-        spec: what was given to load it (a path or a tiktoken name); with ``eod_token``
-            enough to load it again (worker processes do).
+        kind: the kind's name in :data:`~bloomline.dataprep.tokenizer.registry.KINDS`.
+        spec: what was given to load it (a path or a tiktoken name), for messages.
+        target: the file or name the kind's constructor was given (``spec`` resolved by
+            :func:`~bloomline.dataprep.tokenizer.loading.tokenizer_kind`); with
+            ``eod_token`` enough to load it again (worker processes do).
         eod_token: the end-of-document token named by the user, or None (found by the kind).
         vocab_size: ids are ``0 .. vocab_size - 1``.
         special_ids: role (``eod``, ``bos``, ``pad``, ``unk``) -> id, for the roles this
@@ -38,8 +45,28 @@ class Tokenizer(ABC):
 
     kind: str = ""
 
+    # -- recognising a kind (see loading.tokenizer_kind for the order they are asked in) ---
+    spec_help: str = ""
+    """How a ``--tokenizer`` value names this kind, for help and errors ("a tiktoken ...")."""
+    suffixes: tuple[str, ...] = ()
+    """File suffixes that are this kind whatever the file holds."""
+    folder_file: str | None = None
+    """The file inside a folder that makes the folder this kind (``tokenizer.json``)."""
+
+    @classmethod
+    def claims_name(cls, text: str, exists: bool) -> bool:
+        """Whether ``text`` names a tokenizer of this kind without being a file of it (a
+        ``tiktoken:NAME``); ``exists``: whether ``text`` is a path that exists."""
+        return False
+
+    @classmethod
+    def sniff(cls, head: bytes) -> bool:
+        """Whether a file whose first bytes are ``head`` (up to 64) is of this kind."""
+        return False
+
     def __init__(self, spec: str, eod_token: str | None) -> None:
         self.spec = spec
+        self.target = spec
         self.eod_token = eod_token
         self.vocab_size = 0
         self.special_ids: dict[str, int] = {}
@@ -114,7 +141,7 @@ class Tokenizer(ABC):
 
         Two tokenizers with the same fingerprint give ids the same meaning, whatever their
         files look like (a re-saved ``tokenizer.json``, a copied ``.model``): this is what a
-        corpus and a run must agree on. Computed once (~0.2 s for 250k entries).
+        corpus and a run must agree on. Computed once (it hashes the whole vocabulary).
         """
         if self._fingerprint is None:
             digest = hashlib.sha256(self.kind.encode() + b"\0")
@@ -129,15 +156,36 @@ class Tokenizer(ABC):
         return {"kind": self.kind, "name": self.name, "vocab_size": self.vocab_size,
                 "eod_id": self.special_ids.get("eod"), "vocab_sha256": self.fingerprint()}
 
-    # Worker processes get the spec and load the tokenizer themselves: shipping a 250k-entry
-    # vocabulary (or a Rust object that cannot be pickled) through a pipe would be slower.
-    def __getstate__(self) -> dict:
-        return {"spec": self.spec, "eod_token": self.eod_token}
+    # -- exporting --------------------------------------------------------------------------
+    specials_read_as_text: bool = False
+    """Whether text that spells a special token (``</s>``) encodes as text, as SentencePiece
+    and tiktoken do; a ``tokenizer.json`` reads it as the special token."""
 
-    def __setstate__(self, state: dict) -> None:
-        from bloomline.dataprep.tokenizer.loading import load_tokenizer
+    def to_tokenizer_json(self) -> str:
+        """The ``tokenizer.json`` text whose ``encode(text).ids`` are :meth:`encode_batch`'s.
 
-        self.__dict__.update(load_tokenizer(state["spec"], state["eod_token"]).__dict__)
+        Raises:
+            UserError: the kind has no export, or this tokenizer has a feature the
+                ``tokenizers`` library cannot reproduce.
+        """
+        raise UserError(f"{self.spec}: no Hugging Face export for tokenizers of kind "
+                        f"{self.kind!r}")
+
+    def export_files(self) -> dict[str, bytes]:
+        """Files of this kind's own format shipped beside the ``tokenizer.json``."""
+        return {}
+
+    # Worker processes get the file or name and load the tokenizer themselves: shipping a
+    # large vocabulary (or a Rust object that cannot be pickled) through a pipe would be
+    # slower. The class itself rebuilds it, so this module needs no factory.
+    def __reduce__(self):
+        return type(self)._unpickle, (self.target, self.eod_token, self.spec)
+
+    @classmethod
+    def _unpickle(cls, target: str, eod_token: str | None, spec: str) -> Tokenizer:
+        tokenizer = cls(target, eod_token)
+        tokenizer.spec = spec
+        return tokenizer
 
     def __repr__(self) -> str:
         return f"<{self.kind} tokenizer {self.spec} vocab={self.vocab_size}>"

@@ -1,17 +1,13 @@
 """Which kind of tokenizer a ``--tokenizer`` value names, and loading it.
 
-=======================================  =====================================================
-``--tokenizer``                          kind
-=======================================  =====================================================
-``PATH.model`` (or a SentencePiece       SentencePiece
-model under another name)
-``PATH/tokenizer.json``, any ``.json``,  Hugging Face ``tokenizers`` (the Rust library)
-or a folder holding a ``tokenizer.json``
-``PATH/NAME.tiktoken``                   tiktoken, ranks from the file
-``tiktoken:NAME`` or ``NAME``            tiktoken, from its offline cache
-=======================================  =====================================================
+The kinds are in :mod:`.registry`; each says how it is recognised (:class:`~.base.Tokenizer`'s
+"recognising a kind" attributes). :func:`tokenizer_kind` asks them in this order:
 
-A folder with only a ``tokenizer.model`` (SentencePiece) is read as that model.
+1. a name that is not a file of the kind (``tiktoken:NAME``, or a bare ``NAME`` that is no
+   path);
+2. a folder: the kind whose file it holds (``tokenizer.json``, else ``tokenizer.model``);
+3. a file's suffix (``.json``, ``.model``, ``.tiktoken``);
+4. a file's first bytes (a ``tokenizer.json`` or a ``.model`` under another name).
 """
 
 from __future__ import annotations
@@ -21,13 +17,11 @@ from pathlib import Path
 
 from bloomline.common.errors import UserError
 from bloomline.dataprep.tokenizer.base import Tokenizer
+from bloomline.dataprep.tokenizer.registry import KINDS, TOKENIZER_SPEC_HELP
 
 __all__ = ["load_tokenizer", "tokenizer_kind"]
 
-_KINDS_HELP = ("a SentencePiece .model, a Hugging Face tokenizer.json or a folder with one, a "
-               "tiktoken .tiktoken file, or tiktoken:NAME")
-# first bytes of a serialized SentencePiece ModelProto: field 1 (pieces), length-delimited
-_SENTENCEPIECE_FIRST_BYTE = 0x0A
+_SNIFF_BYTES = 64  # what the kinds' sniff() look at
 
 
 def tokenizer_kind(spec: str | os.PathLike) -> tuple[str, str]:
@@ -36,42 +30,35 @@ def tokenizer_kind(spec: str | os.PathLike) -> tuple[str, str]:
     Raises:
         UserError: when it names nothing, or a file of no kind we read.
     """
-    from bloomline.dataprep.tokenizer.tiktoken_kind import tiktoken_names
-
     text = str(spec)
     if not text:
-        raise UserError(f"--tokenizer: empty; give {_KINDS_HELP}")
+        raise UserError(f"--tokenizer: empty; give {TOKENIZER_SPEC_HELP}")
     path = Path(text)
-    if text.startswith("tiktoken:"):
-        return "tiktoken", text
+    exists = path.exists()
+    for name, kind in KINDS.items():
+        if kind.claims_name(text, exists):
+            return name, text
     if path.is_dir():
-        if (path / "tokenizer.json").is_file():
-            return "huggingface", str(path / "tokenizer.json")
-        if (path / "tokenizer.model").is_file():
-            return "sentencepiece", str(path / "tokenizer.model")
-        raise UserError(f"{text}: a folder without tokenizer.json or tokenizer.model")
-    if not path.exists():
-        if "/" not in text and text in tiktoken_names():
-            return "tiktoken", text
-        raise UserError(f"{text}: tokenizer not found (expected {_KINDS_HELP})")
-    if path.suffix == ".tiktoken":
-        return "tiktoken", text
-    if path.suffix == ".json":
-        return "huggingface", text
-    if path.suffix == ".model":
-        return "sentencepiece", text
-    from bloomline.dataprep.tokenizer.huggingface import looks_like_json
-
-    if looks_like_json(path):
-        return "huggingface", text
+        for name, kind in KINDS.items():
+            if kind.folder_file is not None and (path / kind.folder_file).is_file():
+                return name, str(path / kind.folder_file)
+        files = " or ".join(k.folder_file for k in KINDS.values() if k.folder_file)
+        raise UserError(f"{text}: a folder without {files}")
+    if not exists:
+        raise UserError(f"{text}: tokenizer not found (expected {TOKENIZER_SPEC_HELP})")
+    for name, kind in KINDS.items():
+        if path.suffix in kind.suffixes:
+            return name, text
     try:
         with open(path, "rb") as f:
-            first = f.read(1)
+            head = f.read(_SNIFF_BYTES)
     except OSError as err:
         raise UserError(f"{text}: cannot read ({err.strerror})") from None
-    if first and first[0] == _SENTENCEPIECE_FIRST_BYTE:
-        return "sentencepiece", text
-    raise UserError(f"{text}: not a tokenizer file of a kind we read (expected {_KINDS_HELP})")
+    for name, kind in KINDS.items():
+        if kind.sniff(head):
+            return name, text
+    raise UserError(f"{text}: not a tokenizer file of a kind we read "
+                    f"(expected {TOKENIZER_SPEC_HELP})")
 
 
 def load_tokenizer(spec: str | os.PathLike, eod_token: str | None = None) -> Tokenizer:
@@ -86,18 +73,6 @@ def load_tokenizer(spec: str | os.PathLike, eod_token: str | None = None) -> Tok
         UserError: one line naming the file and what is wrong with it.
     """
     kind, target = tokenizer_kind(spec)
-    eod_token = eod_token or None
-    if kind == "sentencepiece":
-        from bloomline.dataprep.tokenizer.sentencepiece_kind import SentencePieceTokenizer
-
-        tokenizer: Tokenizer = SentencePieceTokenizer(target, eod_token)
-    elif kind == "huggingface":
-        from bloomline.dataprep.tokenizer.huggingface import HuggingFaceTokenizer
-
-        tokenizer = HuggingFaceTokenizer(target, eod_token)
-    else:
-        from bloomline.dataprep.tokenizer.tiktoken_kind import TiktokenTokenizer
-
-        tokenizer = TiktokenTokenizer(target, eod_token)
-    tokenizer.spec = str(spec)  # as given, so that workers resolve it the same way
+    tokenizer = KINDS[kind](target, eod_token or None)
+    tokenizer.spec = str(spec)  # as given, for messages; workers reload from its target
     return tokenizer

@@ -14,8 +14,12 @@ import numpy as np
 
 from bloomline.common.errors import UserError
 from bloomline.dataprep.tokenizer.base import Tokenizer
+from bloomline.dataprep.tokenizer.sentencepiece_convert import sentencepiece_to_tokenizers
 
 __all__ = ["SentencePieceTokenizer"]
+
+# first byte of a serialized SentencePiece ModelProto: field 1 (pieces), length-delimited
+_MODEL_PROTO_FIRST_BYTE = b"\x0a"
 
 
 class SentencePieceTokenizer(Tokenizer):
@@ -27,6 +31,14 @@ class SentencePieceTokenizer(Tokenizer):
     """
 
     kind = "sentencepiece"
+    spec_help = "a SentencePiece .model"
+    suffixes = (".model",)
+    folder_file = "tokenizer.model"
+    specials_read_as_text = True
+
+    @classmethod
+    def sniff(cls, head: bytes) -> bool:
+        return head[:1] == _MODEL_PROTO_FIRST_BYTE  # a .model under another name
 
     def __init__(self, spec: str, eod_token: str | None = None) -> None:
         import sentencepiece as spm
@@ -81,3 +93,10 @@ class SentencePieceTokenizer(Tokenizer):
     def serialized_model_proto(self) -> bytes:
         """The model as loaded: a ``.model`` file's bytes (for exporting and converting)."""
         return self._sp.serialized_model_proto()
+
+    def to_tokenizer_json(self) -> str:
+        return sentencepiece_to_tokenizers(self.serialized_model_proto(), self.spec).to_str()
+
+    def export_files(self) -> dict[str, bytes]:
+        # the original, for sentencepiece users and tools that want the .model
+        return {"tokenizer.model": self.serialized_model_proto()}

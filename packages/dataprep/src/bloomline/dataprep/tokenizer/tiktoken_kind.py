@@ -27,6 +27,7 @@ import numpy as np
 
 from bloomline.common.errors import UserError
 from bloomline.dataprep.tokenizer.base import Tokenizer
+from bloomline.dataprep.tokenizer.tiktoken_convert import tiktoken_to_tokenizers
 
 __all__ = ["TiktokenTokenizer", "tiktoken_names"]
 
@@ -67,6 +68,15 @@ class TiktokenTokenizer(Tokenizer):
     """
 
     kind = "tiktoken"
+    spec_help = "a tiktoken .tiktoken file or tiktoken:NAME"
+    suffixes = (".tiktoken",)
+    specials_read_as_text = True
+
+    @classmethod
+    def claims_name(cls, text: str, exists: bool) -> bool:
+        # a bare NAME only when no such path exists (and only then is tiktoken imported)
+        return text.startswith(_PREFIX) or (
+            not exists and "/" not in text and text in tiktoken_names())
 
     def __init__(self, spec: str, eod_token: str | None = None) -> None:
         super().__init__(spec, eod_token)
@@ -113,6 +123,9 @@ class TiktokenTokenizer(Tokenizer):
     def control_ids(self) -> list[int]:
         return sorted(self._encoding.encode_single_token(token)
                       for token in self._encoding.special_tokens_set)
+
+    def to_tokenizer_json(self) -> str:
+        return tiktoken_to_tokenizers(self._encoding, self.spec).to_str()
 
     def _vocabulary_entries(self) -> Iterable[bytes]:
         for i in range(self.vocab_size):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from bloomline.common.config import ranged
+from bloomline.common.config_loader import ranged
 
 __all__ = ["ModelConfig", "padded_vocab_size"]
 

@@ -3,7 +3,8 @@
 Mental model::
 
     main process:   inputs -> chunks (numbered, in input order) --submit--> worker pool
-    worker i:       chunk -> documents -> SentencePiece -> its own shard (a small .bin/.idx)
+    worker i:       chunk -> documents -> token ids -> its own shard (a small .bin/.idx)
+                    (chunk_worker.py, the same code for pool workers and Ray tasks)
     main process:   shards appended to the output in chunk order as soon as they are ready
 
 No single process writes every token through Python: each worker writes its shards, and the
@@ -33,17 +34,14 @@ Beyond one machine, the same pieces run on an engine the cluster already has:
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import fcntl
 import multiprocessing
 import os
 import re
 import shutil
-import signal
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -51,40 +49,29 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
 from bloomline.common import faults
 from bloomline.common.atomic import check_can_write
 from bloomline.common.errors import UserError
 from bloomline.common.progress import Counter, Progress
 from bloomline.common.stop_signals import StoppedError, StopSignals, Terminated
-from bloomline.dataprep.documents import extract_documents
+from bloomline.dataprep.chunk_worker import (
+    ChunkResult,
+    init_worker,
+    stop_signals_blocked,
+    tokenize_chunk,
+)
 from bloomline.dataprep.fingerprint import fingerprint_path, write_fingerprint
 from bloomline.dataprep.indexed_dataset import IndexedDatasetWriter
+from bloomline.dataprep.ray_tasks import ray_results_in_flight
 from bloomline.dataprep.sharding import shard_record_path, shard_sources, write_shard_record
 from bloomline.dataprep.sources import DEFAULT_CHUNK_BYTES, Chunk, expand_inputs, iter_chunks
-from bloomline.dataprep.tokenizer import Tokenizer, load_tokenizer
+from bloomline.dataprep.tokenizer import load_tokenizer
 
 __all__ = [
     "TokenizeSummary",
-    "encode_documents",
     "output_prefixes",
     "tokenize_corpus",
 ]
-
-
-
-@dataclass
-class _ChunkResult:
-    index: int
-    shards: dict[str, str]
-    num_documents: int
-    num_tokens: dict[str, int]
-    num_empty: dict[str, int]
-    num_skipped: int
-    skipped_messages: list[str]
-    text_bytes: int
-    source_bytes: int
 
 
 @dataclass
@@ -100,7 +87,7 @@ class TokenizeSummary:
     text_bytes: int = 0
     seconds: float = 0.0
 
-    def add(self, result: _ChunkResult) -> None:
+    def add(self, result: ChunkResult) -> None:
         self.num_documents += result.num_documents
         self.num_skipped += result.num_skipped
         self.text_bytes += result.text_bytes
@@ -140,132 +127,15 @@ def output_prefixes(output: str, keys: list[str]) -> dict[str, str]:
     return {key: f"{output}_{key}" for key in keys}
 
 
-# Per-process state of a worker: the tokenizer is loaded once, not once per chunk.
-_state: dict = {}
-
-
-def _init_worker(tokenizer: Tokenizer, keys: list[str], append_eod: bool, skip_bad_lines: bool,
-                 scratch: str, ignore_sigint: bool, parent: int | None = None) -> None:
-    if ignore_sigint:
-        # The main process alone handles Ctrl-C and SIGTERM (a terminal or SLURM signals the
-        # whole group): it kills the workers and cleans up. They arrive here blocked
-        # (_stop_signals_blocked), so one sent while the worker started waits, then is dropped.
-        for signum in _STOP_SIGNALS:
-            signal.signal(signum, signal.SIG_IGN)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
-    if parent is not None:
-        _die_with_parent(parent)
-    # One thread per worker: Hugging Face tokenizers would otherwise run each batch on a
-    # thread pool of every core, in every worker (cores x workers threads fighting).
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    # (the tokenizer arrives pickled as its spec and is loaded here, once per worker)
-    _state.update(tokenizer=tokenizer, keys=keys, append_eod=append_eod,
-                  skip_bad_lines=skip_bad_lines, scratch=Path(scratch))
-
-
-_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-
-
-def _die_with_parent(parent: int) -> None:
-    """Make this worker die when the main process ``parent`` does, even by ``kill -9``.
-
-    On Linux the kernel does it: ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` sends SIGKILL the moment
-    the parent exits, whatever the worker is doing (deep in a tokenizer's C++ code, holding the
-    GIL, where a watching thread could not run). The kernel ties it to the thread that started
-    the worker, which is the thread that runs the job (the pool starts its processes on
-    ``submit``) and outlives the pool. A parent that died before the call is caught by
-    comparing ``getppid``. Elsewhere, a daemon thread polls ``getppid`` twice a second.
-    """
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            libc = ctypes.CDLL(None, use_errno=True)
-            if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0:
-                if os.getppid() != parent:  # died before the prctl: no signal will come
-                    os._exit(1)
-                return
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(0.5)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
-
-
-def encode_documents(tokenizer: Tokenizer, texts: list[str], append_eod: bool
-                     ) -> tuple[np.ndarray, np.ndarray]:
-    """(concatenated tokens, per-document lengths) of ``texts``.
-
-    EOD is appended only to non-empty documents, as Megatron's preprocessing does: an empty
-    document stays empty and later repeats its boundary in the index.
-    """
-    ids = tokenizer.encode_batch(texts)  # one int32 array per text
-    lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
-    if append_eod:
-        lengths += lengths > 0
-    tokens = np.empty(int(lengths.sum()), dtype=tokenizer.token_dtype)
-    if not ids:
-        return tokens, lengths
-    if append_eod:
-        # the EOD slots are the last position of each non-empty document; the ids fill the
-        # rest in order (and are cast to the token dtype: every id is below the vocab size)
-        eod_positions = np.cumsum(lengths)[lengths > 0] - 1
-        is_text = np.ones(len(tokens), dtype=bool)
-        is_text[eod_positions] = False
-        tokens[is_text] = np.concatenate(ids)
-        tokens[eod_positions] = tokenizer.eod_id
-    else:
-        tokens[:] = np.concatenate(ids)
-    return tokens, lengths
-
-
-def _tokenize_chunk(chunk: Chunk) -> _ChunkResult:
-    faults.fire("chunk", chunk=chunk.index)
-    tokenizer: Tokenizer = _state["tokenizer"]
-    keys: list[str] = _state["keys"]
-    docs = extract_documents(chunk, keys, _state["skip_bad_lines"])
-    shards, num_tokens, num_empty = {}, {}, {}
-    for key in keys:
-        tokens, lengths = encode_documents(tokenizer, docs.texts[key], _state["append_eod"])
-        shard = str(_state["scratch"] / f"chunk{chunk.index:08d}_{key}")
-        # overwrite: a retried task (Ray) replaces what an attempt that died left behind
-        with IndexedDatasetWriter(shard, tokenizer.token_dtype, overwrite=True) as writer:
-            writer.add_documents(tokens, lengths)
-            faults.fire("shard", chunk=chunk.index)  # (a full disk, in the survival tests)
-        shards[key] = shard
-        num_tokens[key] = len(tokens)
-        num_empty[key] = int((lengths == 0).sum())
-    return _ChunkResult(chunk.index, shards, docs.num_documents, num_tokens, num_empty,
-                        docs.num_skipped, docs.skipped_messages, docs.text_bytes,
-                        chunk.source_bytes)
-
-
-_STOP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM})
-
-
-@contextlib.contextmanager
-def _stop_signals_blocked() -> Iterator[None]:
-    """Hold back Ctrl-C and SIGTERM while worker processes start, so that they start with them
-    blocked (a blocked set survives fork and exec) until :func:`_init_worker` ignores them: one
-    that lands while a worker still imports cannot kill it with a traceback. This thread gets
-    a signal held back here when the block ends, so the main process still stops on it.
-    """
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
-
-
 def _results_in_flight(chunks: Iterator[Chunk], workers: int, init_args: tuple
-                       ) -> Iterator[_ChunkResult]:
+                       ) -> Iterator[ChunkResult]:
     """Yield chunk results as workers finish them, keeping at most 2 * workers queued."""
     if workers == 1:
         previous = os.environ.get("TOKENIZERS_PARALLELISM")
         try:
-            _init_worker(*init_args, ignore_sigint=False)
+            init_worker(*init_args, ignore_sigint=False)
             for chunk in chunks:
-                yield _tokenize_chunk(chunk)
+                yield tokenize_chunk(chunk)
         finally:  # this process is the caller's: leave its setting as it was
             if previous is None:
                 os.environ.pop("TOKENIZERS_PARALLELISM", None)
@@ -274,7 +144,7 @@ def _results_in_flight(chunks: Iterator[Chunk], workers: int, init_args: tuple
         return
     # spawn, not fork: the parent may hold threads (zstd, arrow) that fork would copy locked.
     context = multiprocessing.get_context("spawn")
-    pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker,
+    pool = ProcessPoolExecutor(workers, mp_context=context, initializer=init_worker,
                                initargs=(*init_args, True, os.getpid()))
     pending: set[Future] = set()
     finished = False
@@ -284,10 +154,10 @@ def _results_in_flight(chunks: Iterator[Chunk], workers: int, init_args: tuple
             chunk = next(chunks, None)
             if chunk is None:
                 return
-            pending.add(pool.submit(_tokenize_chunk, chunk))
+            pending.add(pool.submit(tokenize_chunk, chunk))
 
     try:
-        with _stop_signals_blocked():
+        with stop_signals_blocked():
             fill()  # the pool starts its processes on the first submits
         while pending:
             done, still_running = wait(pending, return_when=FIRST_COMPLETED)
@@ -332,11 +202,9 @@ def _tokenize_into(writers: dict[str, IndexedDatasetWriter], sources, max_chunk_
     """Tokenize every chunk (on the workers, or Ray) and splice the shards into ``writers``
     in chunk order."""
     chunks = iter(iter_chunks(sources, max_chunk_bytes, txt_per_line, workers))
-    ready: dict[int, _ChunkResult] = {}
+    ready: dict[int, ChunkResult] = {}
     next_index = 0
     if ray_address is not None:
-        from bloomline.dataprep.ray_tasks import ray_results_in_flight
-
         results = ray_results_in_flight(chunks, ray_address, workers, init_args)
     else:
         results = _results_in_flight(chunks, workers, init_args)

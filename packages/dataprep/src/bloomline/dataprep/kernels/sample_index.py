@@ -1,5 +1,5 @@
 """The compiled loops behind ``gpt_samples`` (numba), for large indices only: the same
-arrays as numpy's and Megatron's, several times faster.
+arrays as numpy's and Megatron's, faster (``docs/perf/dataprep-index-kernels.md``).
 
 ``shuffle_mt19937`` is ``numpy.random.RandomState.shuffle`` of a 1-D array: the same swaps
 from the same Mersenne Twister draws, so the same permutation and the same generator state
@@ -16,14 +16,14 @@ from n - 1 down to 1, j = the first 32-bit draw ``& mask`` that is <= i (mask: t
 long are left to numpy.) Draws are MT19937's ``genrand_int32`` over the generator's 624-word key.
 
 ``sample_starts`` is Megatron's ``build_sample_idx`` loop, one pass over the document index
-(numpy's closed form in ``gpt_samples._sample_starts`` makes ~10 passes and int64
+(numpy's closed form in ``gpt_samples._sample_starts`` makes several passes and int64
 temporaries).
 
-Imported only when an index is large (``gpt_samples``): importing numba costs ~0.3 s, as much
-as these loops save on ~10M entries. numba's cache keeps the machine code (in
+Imported only when an index is large (``gpt_samples``): importing numba costs about what
+these loops save on a mid-sized index. numba's cache keeps the machine code (in
 ``__pycache__``, or its user cache folder where that is read-only), so only a machine's
-first build compiles (~1 s per token dtype; ``_jit``: where neither folder is writable,
-every process does).
+first build compiles (once per token dtype; ``kernels.jit``: where neither folder is
+writable, every process does).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from bloomline.dataprep._jit import njit
+from bloomline.dataprep.kernels.jit import njit
 
 _N, _M = 624, 397
 _MATRIX_A, _UPPER, _LOWER = 0x9908B0DF, 0x80000000, 0x7FFFFFFF
@@ -121,9 +121,9 @@ def sample_starts(sequence_lengths, document_index, seq_length, rows, extra):
 @intrinsic
 def _copy_bytes(typingctx, destination, destination_byte, source, source_byte, size):
     """memcpy ``size`` bytes between two arrays' buffers at byte offsets. numba's slice
-    assignment copies element by element, which keeps ~3 cache lines of a run in flight where
-    memcpy's wide loads keep the whole run: 2.4x slower on samples scattered over a 2 GB
-    token file (0.22M against 0.77M samples/s)."""
+    assignment copies element by element, which keeps a few cache lines of a run in flight
+    where memcpy's wide loads keep the whole run (measurements:
+    ``docs/perf/dataprep-index-kernels.md``)."""
     signature = types.void(destination, types.intp, source, types.intp, types.intp)
 
     def codegen(context, builder, signature, args):

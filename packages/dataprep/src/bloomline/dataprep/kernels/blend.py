@@ -1,10 +1,10 @@
 """The compiled loops behind ``blending`` (numba); that module's docstring has the rule and
 the reasons.
 
-Imported on the first blend build only: importing numba takes ~0.5 s, which a ``dataprep``
-command that builds no blend should not pay. numba's cache keeps the machine code in
+Imported on the first blend build only: importing numba takes a noticeable while, which a
+``dataprep`` command that builds no blend should not pay. numba's cache keeps the machine code in
 ``__pycache__`` (or its user cache folder where that is read-only), so only the first
-build on a machine compiles (``_jit``: where neither is writable, every process does).
+build on a machine compiles (``kernels.jit``: where neither is writable, every process does).
 
 Every error is the C++ helper's expression ``w * t - c`` in float64, evaluated the same way
 (no fast-math flags: no fused multiply-add, no reassociation), so every comparison, and with
@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from bloomline.dataprep._blend_simd import LANES, segment_steps
-from bloomline.dataprep._jit import njit
+from bloomline.dataprep.kernels.blend_simd import LANES, segment_steps
+from bloomline.dataprep.kernels.jit import njit
 
 _FLAGS = {"nogil": True, "boundscheck": False}
 _BLOCK = 256  # steps per call of segment_steps: its outputs stay in L1 until written out
@@ -30,7 +30,7 @@ _BLOCK = 256  # steps per call of segment_steps: its outputs stay in L1 until wr
 def blend_segments(weight, limit, guess, length, dataset_index, dataset_sample_index,
                    end_count):
     """Segment g (positions ``g * length`` on) run by the rule from the counts ``guess[g]``,
-    LANES segments side by side (``_blend_simd``); writes the positions below the blend's
+    LANES segments side by side (``kernels.blend_simd``); writes the positions below the blend's
     size and each segment's counts after its ``length`` steps to ``end_count[g]``.
     ``guess.shape[0]`` is a multiple of LANES."""
     datasets, size = weight.size, dataset_index.size

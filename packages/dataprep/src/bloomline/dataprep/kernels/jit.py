@@ -2,11 +2,11 @@
 
 With ``cache=True`` numba stores each compiled loop next to its source (``__pycache__``) or,
 where that is read-only, in the user's cache folder, so only a machine's first use compiles
-(1-2.5 s per kernel module). Where neither folder can be written (a read-only image whose
-home is read-only too, as some containers run), numba refuses ``cache=True`` when the
-function is decorated, so importing the kernels would fail and with it every large index
-or blend build. There the loops are compiled in memory instead, once per process, and a
-warning says how to give numba a folder.
+(compile times: ``docs/perf/dataprep-index-kernels.md``). Where neither folder can be
+written (a read-only image whose home is read-only too, as some containers run), numba
+refuses ``cache=True`` when the function is decorated, so importing the kernels would fail
+and with it every large index or blend build. There the loops are compiled in memory
+instead, once per process, and a warning says how to give numba a folder.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """One block of steps of ``LANES`` blend segments side by side, written as LLVM vector IR.
 
-The segment kernel (``_blend_kernels.blend_segments``) runs 24 segments of a blend at once,
+The segment kernel (``blend_kernels.blend_segments``) runs 24 segments of a blend at once,
 each from its own start state; this is its inner loop. Segment k's counts are column k of
 ``count`` (datasets x LANES, float64), so one row holds dataset d's count in every segment
 and the rule's float64 expression ``w_d * t - c_d`` is one vector multiply and subtract per
@@ -8,8 +8,8 @@ row: 8 segments per vector, ``VECTORS`` independent vectors, whose dependency ch
 CPU overlaps (one segment alone waits on its previous pick at every step).
 
 Why IR rather than numba source: numba leaves a loop over the 24 segments scalar (the
-arrays may alias, and its float ``max`` is not a select), which ran 2.7x slower at 10
-datasets (0.094 s against 0.035 s for 10M samples). Only ``fmul``, ``fsub``, ``fcmp`` and
+arrays may alias, and its float ``max`` is not a select), several times slower than this
+(measurements: ``docs/perf/dataprep-blend.md``). Only ``fmul``, ``fsub``, ``fcmp`` and
 ``select`` are used, without fast-math flags, so no multiply-add is fused and every error is
 rounded as the C++ loop rounds it; on a CPU without 512-bit vectors LLVM splits the vectors,
 which changes the speed, not a bit of the result.
@@ -30,7 +30,7 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 VECTOR = 8  # float64 per vector: one AVX-512 register
-VECTORS = 3  # independent vectors per step: enough to hide a step's latency (2: 0.037 s)
+VECTORS = 3  # independent vectors per step: enough to hide a step's latency (2 was slower)
 LANES = VECTOR * VECTORS
 
 _F64 = ir.DoubleType()

@@ -19,7 +19,6 @@ BOS, PAD and UNK are found the same way, without the first step.
 from __future__ import annotations
 
 import json
-import os
 import re
 import threading
 from collections.abc import Iterable
@@ -43,7 +42,7 @@ WELL_KNOWN_TOKENS = {
 _CONFIG_KEYS = {"eod": "eos_token", "bos": "bos_token", "pad": "pad_token", "unk": "unk_token"}
 _BYTE_PIECE = re.compile(r"^<0x[0-9A-F]{2}>$")
 # Batches of at least this many characters are encoded on a helper thread (see encode_batch):
-# starting one costs ~0.1 ms, encoding 64k characters ~20 ms.
+# starting one costs far less than encoding them (docs/perf/dataprep-tokenize.md).
 _HELPER_THREAD_CHARS = 1 << 16
 
 
@@ -56,6 +55,13 @@ class HuggingFaceTokenizer(Tokenizer):
     """
 
     kind = "huggingface"
+    spec_help = "a Hugging Face tokenizer.json or a folder with one"
+    suffixes = (".json",)
+    folder_file = "tokenizer.json"
+
+    @classmethod
+    def sniff(cls, head: bytes) -> bool:
+        return head.lstrip().startswith(b"{")  # a tokenizer.json under another name
 
     def __init__(self, spec: str, eod_token: str | None = None) -> None:
         from tokenizers import Tokenizer as RustTokenizer
@@ -111,11 +117,11 @@ class HuggingFaceTokenizer(Tokenizer):
         except TypeError:  # not all strings: the library's own error says which
             big = False
         if big and threading.current_thread() is threading.main_thread():
-            # The library spends ~40% of its time in malloc and free (a string per token).
+            # The library spends much of its time in malloc and free (a string per token).
             # On the main thread they go to glibc's main arena, which the interpreter shares,
-            # and ran 10-30% slower there than on any other thread, which gets an arena of its
-            # own (benchmarks/bench_tokenize.py). So a big batch is encoded on a helper
-            # thread while this one waits; the ids are the same.
+            # and ran slower there than on any other thread, which gets an arena of its own
+            # (docs/perf/dataprep-tokenize.md). So a big batch is encoded on a helper thread
+            # while this one waits; the ids are the same.
             with ThreadPoolExecutor(1, thread_name_prefix="tokenizers-encode") as helper:
                 return helper.submit(self._encode_ids, texts).result()
         return self._encode_ids(texts)
@@ -123,7 +129,7 @@ class HuggingFaceTokenizer(Tokenizer):
     def _encode_ids(self, texts: list[str]) -> list[np.ndarray]:
         # encode_batch_fast skips the character offsets, which we never use. The library runs
         # a batch on its own thread pool unless TOKENIZERS_PARALLELISM is false; the pipeline's
-        # workers set it (one thread each, see pipeline._init_worker).
+        # workers set it (one thread each, see chunk_worker.init_worker).
         encodings = self._tok.encode_batch_fast(texts)
         return [np.array(e.ids, dtype=np.int32) for e in encodings]
 
@@ -156,11 +162,6 @@ class HuggingFaceTokenizer(Tokenizer):
         """The ``tokenizers.Tokenizer`` itself (for exporting and training)."""
         return self._tok
 
-
-def looks_like_json(path: str | os.PathLike) -> bool:
-    """Whether a file starts like a JSON object (a ``tokenizer.json`` under another name)."""
-    try:
-        with open(path, "rb") as f:
-            return f.read(64).lstrip().startswith(b"{")
-    except OSError:
-        return False
+    def to_tokenizer_json(self) -> str:
+        # the loaded backend has padding and truncation switched off, as our encode runs it
+        return self._tok.to_str()
