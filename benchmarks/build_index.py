@@ -155,41 +155,6 @@ def _megatron_datasets(cfg: dict, modules) -> list:
 # ------------------------------------------------------------------------ child kinds
 
 
-def child_generate(cfg: dict) -> dict:
-    """Three datasets a, b, c of ~1/3 of the tokens each (blend/), and their concatenation
-    (single/all); each file is written atomically, so an existing .idx is complete."""
-    from bloomline.dataprep import IndexedDataset, IndexedDatasetWriter, merge_indexed_datasets
-
-    root = Path(cfg["root"])
-    blend, single = root / "blend", root / "single"
-    names = list(WEIGHTS)
-    for k, name in enumerate(names):
-        if (blend / f"{name}.idx").exists():
-            continue
-        print(f"generating {blend / name} ...", flush=True)
-        rng = np.random.default_rng(1000 + k)
-        num_docs, num_tokens = cfg["docs"] // 3, cfg["tokens"] // 3
-        raw = rng.lognormal(math.log(MEAN_DOC) - SIGMA_DOC**2 / 2, SIGMA_DOC, num_docs)
-        lengths = np.maximum(1, np.round(raw * (num_tokens / raw.sum()))).astype(np.int64)
-        with IndexedDatasetWriter(blend / name, np.uint16, overwrite=True) as writer:
-            for start in range(0, num_docs, BATCH_DOCS):
-                batch = lengths[start : start + BATCH_DOCS]
-                writer.add_documents(
-                    rng.integers(0, VOCAB, size=int(batch.sum()), dtype=np.uint16), batch)
-    if not (single / f"{SINGLE}.idx").exists():
-        print(f"concatenating them into {single / SINGLE} ...", flush=True)
-        merge_indexed_datasets([blend / n for n in names], single / SINGLE, overwrite=True)
-    stats = {}
-    for path in [single / SINGLE] + [blend / n for n in names]:
-        ds = IndexedDataset(path)
-        lengths = np.asarray(ds.sequence_lengths)
-        stats[str(path.relative_to(root))] = {
-            "tokens": ds.num_tokens, "documents": len(ds), "bin_bytes": ds.bin_path.stat().st_size,
-            "mean": float(lengths.mean()), "median": float(np.median(lengths)),
-            "max": int(lengths.max())}
-    return stats
-
-
 def child_ours(cfg: dict) -> dict:
     from bloomline.dataprep import IndexRequest, build_sample_datasets
 

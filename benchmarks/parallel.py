@@ -86,234 +86,43 @@ Last run: ``results/bench_parallel.txt``. The GPU throughput of the 350M and 1.3
 from __future__ import annotations
 
 import argparse
-import contextlib
-import gc
-import math
 import os
 import statistics
-import sys
-import time
 import warnings
-from pathlib import Path
 
-import torch
+from benchmarks.harness.machine import OtherLoad, load_average, machine_report
+from benchmarks.parallel_pipeline import (
+    GPT_HIDDEN,
+    GPT_LAYERS,
+    GPT_MBS,
+    GPT_SEQ,
+    GPT_VOCAB,
+    MATMUL_LAYERS,
+    MATMUL_ROWS,
+    MATMUL_WIDTH,
+    T_FORWARD,
+    pipeline_configs,
+    pipeline_ours,
+    pipeline_worker,
+)
+from benchmarks.parallel_zero import (
+    FP32,
+    HEADS,
+    HIDDEN,
+    LAYERS,
+    MBS,
+    SEQ,
+    VOCAB,
+    ZERO_VARIANTS,
+    zero_theory,
+    zero_worker,
+)
+from bloomline.trainer.parallel.local_processes import run_distributed
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "packages" / "trainer" / "tests"))  # the distributed harness
-
-from bench_train import machine_report  # noqa: E402
-from distributed import run_distributed  # noqa: E402
-from machine import OtherLoad, load_average  # noqa: E402
-
-# (1) and (3): the GPT of the ZeRO runs
-VOCAB, HIDDEN, LAYERS, HEADS, SEQ, MBS = 2048, 256, 4, 8, 64, 4
-ZERO_VARIANTS = {"ZeRO-0 (DDP)": (0, False), "ZeRO-1": (1, False), "ZeRO-2": (2, False),
-                 "ZeRO-3": (3, False), "ZeRO-3 + offload": (3, True)}
-# (2): per rank per micro-batch forward time of the wait stages; backward is twice that
-T_FORWARD = 0.020
-MATMUL_WIDTH, MATMUL_ROWS, MATMUL_LAYERS = 1024, 32, 16
-WAIT_WIDTH = 256  # activations of the wait stages: 32 x 256 fp32 = 32 KiB
-# (2), compute "gpt": our Trainer's pipeline on this GPT (fp32), GPT_MBS samples a micro-batch
-GPT_VOCAB, GPT_HIDDEN, GPT_LAYERS, GPT_HEADS, GPT_SEQ, GPT_MBS = 512, 256, 4, 8, 64, 4
-FP32 = 4
-
-
-# ------------------------------------------------------------------------ (1) + (3) ZeRO
-
-
-def zero_config(dp: int, stage: int, offload: bool):
-    from bloomline.trainer.config import Config
-
-    cfg = Config()
-    m = cfg.model
-    m.vocab_size, m.hidden_size, m.num_layers, m.num_heads = VOCAB, HIDDEN, LAYERS, HEADS
-    m.hidden_dropout = m.attention_dropout = 0.0
-    cfg.data.tokenizer, cfg.data.seq_length = "", SEQ
-    cfg.train.micro_batch_size, cfg.train.global_batch_size = MBS, MBS * dp
-    cfg.train.device, cfg.train.run_dir, cfg.train.seed = "cpu", "/nonexistent", 1234
-    cfg.precision.dtype = "fp32"
-    cfg.optimizer.name, cfg.optimizer.lr = "adamw", 1e-3
-    cfg.monitor.tensorboard = False
-    cfg.parallel.zero_stage, cfg.parallel.offload = stage, offload
-    return cfg
+__all__ = ["main", "measure", "report"]
 
 
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    to_local = getattr(tensor, "to_local", None)  # DTensor: this rank's shard
-    return to_local() if to_local is not None else tensor
-
-
-def _storage_bytes(tensors, seen: set | None = None) -> int:
-    """Bytes of the distinct storages behind ``tensors`` (shared ones once, freed ones 0)."""
-    seen = set() if seen is None else seen
-    total = 0
-    for tensor in tensors:
-        if tensor is None:
-            continue
-        storage = _local(tensor).untyped_storage()
-        key = (storage.data_ptr(), storage.device)
-        if storage.nbytes() == 0 or key in seen:
-            continue
-        seen.add(key)
-        total += storage.nbytes()
-    return total
-
-
-def _inner_optimizer(optimizer):
-    """ZeroRedundancyOptimizer keeps its shard's state in ``.optim``."""
-    return getattr(optimizer, "optim", optimizer)
-
-
-def _optimizer_tensors(optimizer):
-    for state in _inner_optimizer(optimizer).state.values():
-        for value in state.values():
-            if isinstance(value, torch.Tensor):
-                yield value
-
-
-def count_fallback(model, optimizer) -> dict:
-    return {"params": _storage_bytes(list(model.parameters())),
-            "grads": _storage_bytes([p.grad for p in model.parameters()]),
-            "optimizer": _storage_bytes(list(_optimizer_tensors(optimizer)))}
-
-
-def _counter(offload: bool):
-    """Per-rank model-state bytes: the dp helper's ``parallel/memory.py`` when it is there,
-    else our fallback (same rules: local shards, each storage once)."""
-    try:
-        from bloomline.trainer.parallel.memory import model_state_bytes
-    except ImportError:
-        def fallback(model, optimizer) -> dict:
-            found = count_fallback(model, optimizer)
-            return {**found, **{f"{kind}_host": 0 for kind in list(found)}}
-        return fallback, "bench_parallel's fallback counter"
-
-    def count(model, optimizer) -> dict:
-        found = model_state_bytes(model, optimizer, "cpu", offload)
-        held = {}
-        for kind, key in (("params", "params"), ("grads", "grads"), ("optimizer", "optim")):
-            held[kind] = found[f"{key}_device"] + found[f"{key}_host"]
-            held[f"{kind}_host"] = found[f"{key}_host"]
-        return held
-    return count, "bloomline.trainer.parallel.memory.model_state_bytes"
-
-
-def _wchar() -> int:
-    with open("/proc/self/io") as fh:
-        for line in fh:
-            if line.startswith("wchar:"):
-                return int(line.split()[1])
-    return 0
-
-
-def _collectives(prof) -> dict[str, list[int]]:
-    """gloo collectives of a profiled step: name -> elements of each call's first input."""
-    found: dict[str, list[int]] = {}
-    for event in prof.events():
-        if event.name.startswith("gloo:"):
-            shapes = [s for s in (event.input_shapes or []) if s]
-            numel = math.prod(shapes[0]) if shapes else 0
-            found.setdefault(event.name[len("gloo:"):], []).append(numel)
-    return found
-
-
-@contextlib.contextmanager
-def _quiet_stderr():
-    """The profiler's kineto prints a start and a stop line to fd 2 in every rank."""
-    saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
-    os.dup2(null, 2)
-    try:
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(null)
-
-
-def zero_worker(dp: int, variants: dict, steps: int) -> dict:
-    """On every rank: per variant, memory counts, socket bytes per step, the collectives."""
-    import torch.distributed as dist
-
-    from bloomline.trainer.loop import Trainer
-
-    generator = torch.Generator().manual_seed(0)
-    out = {"variants": {}}
-    for label, (stage, offload) in variants.items():
-        count, out["counter"] = _counter(offload)
-        try:
-            trainer = Trainer(zero_config(dp, stage, offload), log=lambda *_: None)
-        except Exception as error:  # noqa: BLE001 - a layout not built yet: reported, skipped
-            out["variants"][label] = {"error": f"{type(error).__name__}: {error}"[:300]}
-            continue
-        model, optimizer = trainer.model, trainer.optimizer
-        numel = sum(p.numel() for p in trainer.full_model_state().values())
-        peak = {"params": 0}
-        at_step: dict[str, int] = {}
-
-        # the parameters at rest (FSDP2's shards, replicate's DTensors) stay allocated while
-        # forward registers the gathered copies in their place: count both
-        resting = list(model.parameters())
-
-        def in_forward(_module, _args, peak=peak, model=model, resting=resting):
-            held = _storage_bytes(resting + list(model.parameters()))
-            peak["params"] = max(peak["params"], held)
-
-        def step_counted(*args, step=optimizer.step, model=model, optimizer=optimizer,
-                         at_step=at_step, count=count, **kwargs):
-            at_step.update(count(model, optimizer))
-            return step(*args, **kwargs)
-
-        # an instance attribute, as the trainer calls it (our ZeRO-1 optimizer is an
-        # Optimizer without the base class's hook machinery)
-        optimizer.step = step_counted
-        blocks = list(model.h.values())
-        hooks = [blocks[-1].register_forward_pre_hook(in_forward)]
-        tokens = torch.randint(0, VOCAB, (MBS, SEQ + 1), generator=generator)
-        lr = trainer.cfg.optimizer.lr
-        wire, seconds = [], []
-        for index in range(steps + 1):  # the first creates the optimizer state
-            dist.barrier()
-            before, start = _wchar(), time.perf_counter()
-            trainer.train_step([tokens], lr)
-            seconds.append(time.perf_counter() - start)
-            wire.append(_wchar() - before)
-            if index == 0:
-                peak["params"] = 0
-        after = count(model, optimizer)
-        dist.barrier()
-        from torch.profiler import ProfilerActivity, profile
-
-        with _quiet_stderr(), profile(activities=[ProfilerActivity.CPU],
-                                      record_shapes=True) as prof:
-            trainer.train_step([tokens], lr)
-        out["variants"][label] = {
-            "numel": numel, "params_rest": at_step["params"], "params_peak": peak["params"],
-            "grads": at_step["grads"], "optimizer": after["optimizer"],
-            "host": at_step["params_host"] + at_step["grads_host"] + after["optimizer_host"],
-            "wire": statistics.median(wire[1:]), "seconds": statistics.median(seconds[1:]),
-            "collectives": _collectives(prof)}
-        for hook in hooks:
-            hook.remove()
-        del trainer, model, optimizer
-        gc.collect()
-    return out
-
-
-def zero_theory(stage: int, offload: bool, numel: int, dp: int) -> dict:
-    """The ZeRO paper's model states per rank (fp32 parameters and gradients, Adam) and
-    bytes sent per rank (ring collectives: an all-gather or a reduce-scatter sends (N-1)/N of
-    the full tensor, an all-reduce twice that); ``gloo``: what this implementation sends on
-    gloo, whose reduce-scatter is an all-reduce (measured: a reduce_scatter_tensor of 4 MiB
-    over 2 ranks writes 4 MiB, not 2): ZeRO-1 all-reduces the whole gradient then
-    all-gathers the updated shards; FSDP2 (ZeRO-2/3) reduce-scatters the gradients and
-    all-gathers the parameters once (ZeRO-2) or in forward and again in backward (ZeRO-3)."""
-    params = FP32 * numel / (dp if stage >= 3 else 1)
-    grads = FP32 * numel / (dp if stage >= 2 else 1)
-    optimizer = 2 * FP32 * numel / (dp if stage >= 1 else 1)
-    ring = (dp - 1) / dp * FP32 * numel  # one all-gather or reduce-scatter of the model
-    gloo = {0: 2, 1: 3, 2: 3, 3: 4}[stage] * ring
-    return {"params": params, "grads": grads, "optimizer": optimizer,
-            "wire": 3 * ring if stage == 3 else 2 * ring, "gloo": gloo, "offload": offload}
+# ---------------------------------------------------------------------------- measuring
 
 
 def measure_zero(args) -> dict:
@@ -326,207 +135,6 @@ def measure_zero(args) -> dict:
         print(f"ZeRO dp = {dp}: done; other processes {results[dp]['other']:.2f} cores",
               flush=True)
     return results
-
-
-# ----------------------------------------------------------------------- (2) pipeline
-
-
-class _Wait(torch.autograd.Function):
-    """Identity whose forward takes ``forward_s`` and backward ``backward_s`` of wall time
-    without using the CPU (an accelerator kernel as the host sees it)."""
-
-    @staticmethod
-    def forward(ctx, x, forward_s: float, backward_s: float):
-        time.sleep(forward_s)
-        ctx.backward_s = backward_s
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx, grad):
-        time.sleep(ctx.backward_s)
-        return grad, None, None
-
-
-class WaitStage(torch.nn.Module):
-    def __init__(self, width: int, forward_s: float) -> None:
-        super().__init__()
-        # a parameter, so that the first stage's output has a gradient to send back; an
-        # elementwise scale keeps the CPU work negligible next to the waits
-        self.scale = torch.nn.Parameter(torch.ones(width))
-        self.forward_s = forward_s
-
-    def forward(self, x):
-        return _Wait.apply(x * self.scale, self.forward_s, 2 * self.forward_s)
-
-
-class MatmulStage(torch.nn.Module):
-    def __init__(self, width: int, layers: int) -> None:
-        super().__init__()
-        self.layers = torch.nn.ModuleList(torch.nn.Linear(width, width) for _ in range(layers))
-
-    def forward(self, x):
-        for layer in self.layers:
-            x = torch.tanh(layer(x))
-        return x
-
-
-def _timed(stage, busy: list) -> None:
-    """Add the wall time of every compute action of ``stage`` to ``busy[0]``."""
-    for name in ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk"):
-        method = getattr(stage, name, None)
-        if method is None:
-            continue
-
-        def timed(*args, method=method, **kwargs):
-            start = time.perf_counter()
-            try:
-                return method(*args, **kwargs)
-            finally:
-                busy[0] += time.perf_counter() - start
-        setattr(stage, name, timed)
-
-
-def _pipeline_loss(output, target):
-    return output.mean() * 0 + (output * target).mean()
-
-
-def build_pipeline(p: int, rank: int, schedule: str, m: int, v: int, compute: str):
-    """This rank's stages (v of them for interleaved, stage indices rank + k p) and the
-    schedule; returns (schedule, has_first, has_last, busy counter)."""
-    from torch.distributed.pipelining import (
-        PipelineStage,
-        Schedule1F1B,
-        ScheduleGPipe,
-        ScheduleInterleaved1F1B,
-    )
-
-    local = v if schedule == "interleaved" else 1
-    num_stages = p * local
-    width = WAIT_WIDTH if compute == "wait" else MATMUL_WIDTH
-    stages, busy = [], [0.0]
-    for k in range(local):
-        index = rank + k * p
-        torch.manual_seed(index)
-        module = (WaitStage(width, T_FORWARD / local) if compute == "wait"
-                  else MatmulStage(width, MATMUL_LAYERS // local))
-        # shapes inferred from the first (warm-up) step
-        stage = PipelineStage(module, index, num_stages, torch.device("cpu"))
-        _timed(stage, busy)
-        stages.append(stage)
-    if schedule == "interleaved":
-        runner = ScheduleInterleaved1F1B(stages, m, loss_fn=_pipeline_loss)
-    else:
-        cls = ScheduleGPipe if schedule == "gpipe" else Schedule1F1B
-        runner = cls(stages[0], m, loss_fn=_pipeline_loss)
-    has_first = any(s.is_first for s in stages)
-    has_last = any(s.is_last for s in stages)
-    return runner, has_first, has_last, busy
-
-
-class _TrainerPipeline:
-    """Our ``Trainer`` with ``pipeline_parallel = p`` on the GPT below: the stages and
-    schedules its pipeline module built, timed the same way (after the warm-up step, which
-    builds them), the wall time being that of the schedule's ``step``."""
-
-    def __init__(self, p: int, schedule: str, m: int, v: int) -> None:
-        from bloomline.trainer.loop import Trainer
-
-        cfg = zero_config(1, 0, False)
-        model = cfg.model
-        model.vocab_size, model.hidden_size, model.num_layers, model.num_heads = (
-            GPT_VOCAB, GPT_HIDDEN, GPT_LAYERS, GPT_HEADS)
-        cfg.data.seq_length = GPT_SEQ
-        cfg.train.micro_batch_size, cfg.train.global_batch_size = GPT_MBS, GPT_MBS * m
-        par = cfg.parallel
-        par.pipeline_parallel, par.pipeline_schedule = p, schedule
-        par.pipeline_microbatches, par.virtual_stages = m, v
-        self.trainer = Trainer(cfg, log=lambda *_: None)
-        generator = torch.Generator().manual_seed(0)
-        self.micro = [torch.randint(0, GPT_VOCAB, (GPT_MBS, GPT_SEQ + 1), generator=generator)
-                      for _ in range(m)]
-        self.busy, self.wall, self.timed = [0.0], [0.0], False
-
-    def _time_schedules(self) -> None:
-        for built in self.trainer.pipeline._schedules.values():  # made by the first step
-            # (a private cache: the schedule, or a tuple starting with it)
-            runner = built[0] if isinstance(built, tuple) else built
-            stages = getattr(runner, "_stages", None) or [runner._stage]
-            for stage in stages:
-                _timed(stage, self.busy)
-            step = runner.step
-
-            def timed_step(*args, step=step, **kwargs):
-                start = time.perf_counter()
-                try:
-                    return step(*args, **kwargs)
-                finally:
-                    self.wall[0] += time.perf_counter() - start
-            runner.step = timed_step
-        self.timed = True
-
-    def run(self) -> tuple[float, float]:
-        import torch.distributed as dist
-
-        dist.barrier()
-        self.busy[0] = self.wall[0] = 0.0
-        self.trainer.train_step(self.micro, 1e-3)
-        if not self.timed:
-            self._time_schedules()
-        return self.busy[0], self.wall[0]
-
-
-class _TorchPipeline:
-    """torch.distributed.pipelining on the synthetic stages."""
-
-    def __init__(self, p: int, rank: int, schedule: str, m: int, v: int, compute: str) -> None:
-        self.runner, self.has_first, self.has_last, self.busy = build_pipeline(
-            p, rank, schedule, m, v, compute)
-        width = WAIT_WIDTH if compute == "wait" else MATMUL_WIDTH
-        generator = torch.Generator().manual_seed(0)
-        self.x = torch.randn(m * MATMUL_ROWS, width, generator=generator)
-        self.target = torch.randn(m * MATMUL_ROWS, width, generator=generator)
-
-    def run(self) -> tuple[float, float]:
-        import torch.distributed as dist
-
-        dist.barrier()
-        self.busy[0] = 0.0
-        start = time.perf_counter()
-        args = (self.x,) if self.has_first else ()
-        self.runner.step(*args, target=self.target if self.has_last else None)
-        return self.busy[0], time.perf_counter() - start
-
-
-def pipeline_worker(p: int, configs: list, rounds: int, steps: int) -> dict:
-    """On every rank: per config (schedule, m, v, compute), the (busy, wall) of each step."""
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
-    built, errors = {}, {}
-    for config in configs:
-        schedule, m, v, compute = config
-        try:
-            built[config] = (_TrainerPipeline(p, schedule, m, v) if compute == "gpt"
-                             else _TorchPipeline(p, rank, schedule, m, v, compute))
-            built[config].run()  # warm-up: shapes, buffers, the first allocations
-        except Exception as error:  # noqa: BLE001 - reported, skipped (the same on all ranks)
-            built.pop(config, None)
-            errors[config] = f"{type(error).__name__}: {error}"[:300]
-    samples: dict = {config: [] for config in built}
-    order = list(built)
-    for round_no in range(rounds):
-        for config in (order if round_no % 2 == 0 else order[::-1]):
-            for _ in range(steps):
-                samples[config].append(built[config].run())
-    return {"samples": samples, "errors": errors}
-
-
-def pipeline_configs(p: int, compute: str, quick: bool) -> list:
-    counts = [p, 2 * p, 4 * p] if quick or p > 2 else [p, 2 * p, 4 * p, 8 * p]
-    configs = [(schedule, m, 1, compute) for schedule in ("gpipe", "1f1b") for m in counts]
-    configs += [("interleaved", m, 2, compute) for m in counts]
-    return configs
 
 
 def measure_pipeline(args) -> dict:
@@ -542,15 +150,6 @@ def measure_pipeline(args) -> dict:
         print(f"pipeline p = {p}: done; other processes {results[p]['other']:.2f} cores",
               flush=True)
     return results
-
-
-def pipeline_ours() -> str:
-    try:
-        from bloomline.trainer.parallel import pipeline  # noqa: F401
-    except ImportError:
-        return "bloomline.trainer.parallel.pipeline is not there: no gpt rows"
-    return ("bloomline.trainer.parallel.pipeline runs the same torch schedules "
-            "(PipelineStage per stage, scale_grads=False)")
 
 
 # ---------------------------------------------------------------------------- reporting
@@ -698,7 +297,7 @@ def report_pipeline(results: dict, targets: list, notes: list) -> None:
           f"{pipeline_ours()}.")
 
 
-def main() -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parts", default="zero,pipeline")
     parser.add_argument("--dp", default="2,4", help="data-parallel sizes of the ZeRO part")
@@ -710,21 +309,32 @@ def main() -> int:
     parser.add_argument("--pipe-steps", type=int, default=1, help="steps per config per round")
     parser.add_argument("--quick", action="store_true",
                         help="dp 2 and p 2 only, fewer micro-batch counts, 1 round")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     args.dp = [int(v) for v in args.dp.split(",")]
     args.pp = [int(v) for v in args.pp.split(",")]
     args.compute = args.compute.split(",")
     if args.quick:
         args.dp, args.pp, args.zero_steps, args.pipe_rounds = [2], [2], 2, 1
+    return args
+
+
+def measure(args: argparse.Namespace) -> dict:
+    """``{"zero": {dp: {"ranks", "other"}}, "pipeline": {p: {"ranks", "other"}}}``, a part
+    not asked for empty; the machine header printed first."""
     parts = set(args.parts.split(","))
     warnings.filterwarnings("ignore")
     os.environ.setdefault("PYTHONWARNINGS", "ignore")  # the spawned ranks too
     print(machine_report("gloo"), flush=True)
+    return {"zero": measure_zero(args) if "zero" in parts else {},
+            "pipeline": measure_pipeline(args) if "pipeline" in parts else {}}
+
+
+def report(measured: dict) -> int:
+    """Print each part's table, the notes, the load warning and the targets."""
     targets: list[str] = []
     notes: list[str] = []
     others = []
-    zero = measure_zero(args) if "zero" in parts else {}
-    pipe = measure_pipeline(args) if "pipeline" in parts else {}
+    zero, pipe = measured["zero"], measured["pipeline"]
     if zero:
         report_zero(zero, targets, notes)
         report_bytes(zero, targets, notes)
@@ -742,6 +352,10 @@ def main() -> int:
     for line in targets:
         print(line)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return report(measure(parse_args(argv)))
 
 
 if __name__ == "__main__":
