@@ -14,10 +14,12 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["BATCH_DOCS", "MEAN_DOC", "SIGMA_DOC", "SINGLE", "VOCAB", "WEIGHTS",
-           "generate_token_corpus", "token_corpus_root"]
+__all__ = ["BATCH_DOCS", "MEAN_DOC", "SEED", "SEQ_LENGTH", "SIGMA_DOC", "SINGLE", "VOCAB",
+           "WEIGHTS", "generate_token_corpus", "token_corpus_root"]
 
-WEIGHTS = {"a": 0.5, "b": 0.3, "c": 0.2}
+SEQ_LENGTH = 2048  # the sample length the indices over this corpus are built for
+SEED = 1234  # the seed of those indices
+WEIGHTS = {"a": 0.5, "b": 0.3, "c": 0.2}  # of the blend of a, b, c
 SINGLE = "all"
 VOCAB = 65000  # < 65500: uint16 tokens, as Megatron stores them
 MEAN_DOC = 500.0
