@@ -114,7 +114,7 @@ class HuggingFaceTokenizer(Tokenizer):
             # The library spends ~40% of its time in malloc and free (a string per token).
             # On the main thread they go to glibc's main arena, which the interpreter shares,
             # and ran 10-30% slower there than on any other thread, which gets an arena of its
-            # own (benchmarks/bench_tokenize.py). So a big batch is encoded on a helper
+            # own (benchmarks/tokenize.py). So a big batch is encoded on a helper
             # thread while this one waits; the ids are the same.
             with ThreadPoolExecutor(1, thread_name_prefix="tokenizers-encode") as helper:
                 return helper.submit(self._encode_ids, texts).result()
