@@ -1,8 +1,8 @@
 """What the parallel layouts cost per rank, measured on CPU (gloo), against the theory each
 one is sold by: ZeRO memory, pipeline bubbles, data-parallel communication.
 
-Every part runs its ranks as real processes (``run_distributed`` of the trainer's test
-harness: torchrun's environment, gloo, one torch thread per process) on this 2-core machine.
+Every part runs its ranks as real processes (``bloomline.trainer.parallel.local_processes``:
+torchrun's environment, gloo, one torch thread per process) on this machine's cores.
 
 (1) ZeRO memory per rank. ``Trainer`` (the GPT below, fp32 with AdamW, one micro-batch of
     ``MBS`` samples per rank per step) with ``parallel.zero_stage`` 0 (DDP), 1, 2, 3 and 3 +
@@ -43,15 +43,14 @@ harness: torchrun's environment, gloo, one torch thread per process) on this 2-c
         over the v local stages): an accelerator's kernels as the host sees them. It uses no
         CPU, so p = 4 ranks on 2 cores measure the schedule itself, free of core contention;
       - ``matmul``: each rank's stage is a stack of 16 Linear(1024, 1024) + tanh on 32-row
-        micro-batches (~15 ms forward on one thread): real CPU work, clean only at p = 2 on 2
-        idle cores (with 4 processes on 2 cores the ranks' compute time-shares the cores and
+        micro-batches: real CPU work, clean only at p = 2 on 2 idle cores (with 4 processes on 2 cores the ranks' compute time-shares the cores and
         the "bubble" measures contention, so p = 4 is not run with matmuls);
       - ``gpt``: our ``Trainer`` with ``pipeline_parallel = 2`` (``parallel/pipeline.py``,
         the same torch schedules) on a small GPT (4 layers, hidden 256, micro-batches of
         4 x 64 tokens): the first stage also embeds and the last applies the head and the
         loss, so the stages are nearly, not exactly, equal; p = 2 only, as matmul.
     The activations sent between stages are 32 x 256 (wait) or 32 x 1024 (matmul) fp32, 32 or
-    128 KiB, sub-millisecond over loopback against 15-20 ms of compute; the step and busy times
+    128 KiB, small against a stage's compute (README.md); the step and busy times
     and the ideal step (the busy time stretched by the theory's bubble) are printed, so the
     schedule's own overhead shows as step - ideal. Target: measured within 0.05 of theory.
 
@@ -65,22 +64,21 @@ harness: torchrun's environment, gloo, one torch thread per process) on this 2-c
     ZeRO-3 all-gathers the parameters in forward and again in backward and reduce-scatters
     the gradients, 3 (N - 1)/N x 4 Psi; the paper's stages 1 and 2 communicate as DDP. A
     second column counts what this implementation must send on gloo, whose reduce-scatter is
-    an all-reduce (measured: ``reduce_scatter_tensor`` of 4 MiB over 2 ranks writes 4 MiB):
+    an all-reduce (it writes the whole tensor, not (N - 1)/N of it; README.md):
     2, 3, 3, 4 x (N - 1)/N x 4 Psi for stages 0, 1, 2, 3 (our ZeRO-1 all-reduces the whole
     gradient, then all-gathers the updated shards). The loss average and the gradient-norm
     all-reduce add a few bytes. Targets: DDP and ZeRO-3 within 10% of the ring theory; every
     stage within 10% of its count on gloo (nothing sent twice).
 
-The machine's load is printed as in bench_train: load averages and the busiest processes
+The machine's load is printed as in ``benchmarks.train``: load averages and the busiest processes
 before the run, and the cores other processes kept busy during each part (/proc/stat minus
 this process and its children); a warning follows when that exceeded a quarter of a core
 (the memory and byte counts do not depend on it; the matmul bubbles do).
 
-Run: ``make bench-parallel`` or ``.venv/bin/python benchmarks/bench_parallel.py [--quick]
-[--parts zero,pipeline] [--dp 2,4] [--pp 2,4] [--compute wait,matmul,gpt]``. The default
-run takes ~2.5 minutes on 2 idle cores (~4 when they are shared), ``--quick`` ~40 s.
-Last run: ``results/bench_parallel.txt``. The GPU throughput of the 350M and 1.3B recipes is
-``benchmarks/gpu_throughput.sh`` (needs GPUs).
+Run: ``make bench-parallel`` or ``python -m benchmarks.parallel [--quick]
+[--parts zero,pipeline] [--dp 2,4] [--pp 2,4] [--compute wait,matmul,gpt]``. Run time and
+last result: README.md, ``results/bench_parallel.txt``. The GPU throughput of the 350M and
+1.3B recipes is ``benchmarks/gpu_throughput.sh`` (needs GPUs).
 """
 
 from __future__ import annotations

@@ -198,7 +198,7 @@ def run_rounds(rows: list[Measurement], repeats: int, limits: dict) -> dict:
 def table(kind: str, rows: list[Measurement], res: dict, out) -> list[dict]:
     """Print one tokenizer's rows; return them as dicts with the medians of per-round ratios.
 
-    The machine's speed drifts by 10% and more between minutes, so every ratio is taken
+    A shared machine's speed drifts between minutes, so every ratio is taken
     within a round (between runs minutes apart at most) and the median over rounds is
     reported. Ratios compare times on the same documents: MB/s of (b)/(c) counts jsonl bytes
     (JSON syntax and escapes included), which would flatter them against (a).

@@ -191,7 +191,7 @@ def splice(shards: list[Path], output: Path, dtype) -> tuple[float, float, float
 
 def remove_outputs(*prefixes: Path) -> None:
     """Delete earlier outputs before a run, untimed (replacing a file frees its blocks, which
-    costs ~1 ms per MB-sized file on this disk, mounted with ``discard``)."""
+    costs time on a disk mounted with ``discard``)."""
     for prefix in prefixes:
         for suffix in (".bin", ".idx", ".fingerprint.json", ".shard.json"):
             Path(f"{prefix}{suffix}").unlink(missing_ok=True)

@@ -60,7 +60,7 @@ def limit_encoder(tok: Tokenizer, mode: str) -> Callable[[list[str]], list]:
             return [e.ids for e in backend.encode_batch_fast(texts)]
         if mode == "library-main-thread":
             return encode
-        # The library runs 10-30% faster on any thread but the main one (glibc's main malloc
+        # The library runs faster on any thread but the main one (glibc's main malloc
         # arena, which the interpreter shares, is slower for its many small allocations), so
         # its best one-thread speed is on a helper thread; the caller waits.
         helper = ThreadPoolExecutor(1, thread_name_prefix="limit-encode")

@@ -9,7 +9,7 @@ Intel's CPUs only. Measured at the benchmarks.train shapes (M = 2,048 tokens, h 
 
 - AMD EPYC with AVX-512: oneDNN ~10% faster per product forward and into the input, a 1024^3
   product at ~180 GFLOP/s against MKL's ~140; inside the fp32 step it saves 55-108 ms of
-  ~1,200 (``benchmarks/README.md``).
+  ~1,200 (``benchmarks/results/train.md``).
 - Intel Xeon (Sapphire Rapids): MKL as fast forward, 5-10% faster into the input and 1.3-2x
   faster for the weight gradient; oneDNN costs 150 ms of ~960 in the step
   (``benchmarks/step_parts.py``'s "other linears" row).
