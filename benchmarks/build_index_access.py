@@ -22,6 +22,7 @@ from benchmarks.harness.token_corpus import SEED, SEQ_LENGTH, SINGLE, WEIGHTS
 
 def child_access(cfg: dict) -> dict:
     """ds[i] per second on the single dataset's train split (both caches already built)."""
+    # in the child only: what it loads is part of what the child measures, not the parent's
     from bloomline.dataprep import IndexRequest, build_sample_datasets
 
     corpus = Path(cfg["corpus"])
@@ -194,6 +195,7 @@ def batched_reads(single, cfg: dict) -> dict:
     """The batched-read rows: the single dataset's train split, and a blend of the blend
     corpus's three datasets (weights as the blend build's, ``--batch-blend-samples``
     samples, built into a folder of the single case's cache, which main() deletes)."""
+    # in the child only: what it loads is part of what the child measures, not the parent's
     from bloomline.dataprep import IndexRequest, build_sample_datasets
 
     sizes = [int(v) for v in cfg["batch_sizes"].split(",")]

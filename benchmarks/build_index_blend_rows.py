@@ -32,6 +32,7 @@ def child_blend_rows(cfg: dict) -> dict:
     """``build_blend_indices`` against megatron-core's ``helpers.build_blending_indices``
     (into ``numpy.zeros`` arrays, as its BlendedDataset allocates them) for each dataset
     count, the order alternating per round; both already loaded (first calls: blend_first)."""
+    # in the child only: numba's import and kernel load are timed apart (blend_first)
     from bloomline.dataprep.blending import _greedy, blend_kernel, build_blend_indices
 
     helpers = None

@@ -109,6 +109,7 @@ def _megatron_datasets(cfg: dict, modules) -> list:
 
 
 def child_ours(cfg: dict) -> dict:
+    # in the child only: numba's import and kernel load count in our build, as for a user
     from bloomline.dataprep import IndexRequest, build_sample_datasets
 
     weights = cfg["weights"]
@@ -153,6 +154,7 @@ def child_floor(cfg: dict) -> dict:
     timed alone: numpy's ``RandomState.shuffle`` (megatron-core's) and ours (compiled, the
     same permutation; its numba import and kernel load timed apart first); one component at
     a time (each builder also finishes one before the next)."""
+    # in the child only: the kernels' import is timed apart from the shuffles
     from bloomline.dataprep import gpt_samples
 
     start = time.perf_counter()

@@ -43,7 +43,8 @@ torchrun's environment, gloo, one torch thread per process) on this machine's co
         over the v local stages): an accelerator's kernels as the host sees them. It uses no
         CPU, so p = 4 ranks on 2 cores measure the schedule itself, free of core contention;
       - ``matmul``: each rank's stage is a stack of 16 Linear(1024, 1024) + tanh on 32-row
-        micro-batches: real CPU work, clean only at p = 2 on 2 idle cores (with 4 processes on 2 cores the ranks' compute time-shares the cores and
+        micro-batches: real CPU work, clean only at p = 2 on 2 idle cores (with 4
+        processes on 2 cores the ranks' compute time-shares the cores and
         the "bubble" measures contention, so p = 4 is not run with matmuls);
       - ``gpt``: our ``Trainer`` with ``pipeline_parallel = 2`` (``parallel/pipeline.py``,
         the same torch schedules) on a small GPT (4 layers, hidden 256, micro-batches of

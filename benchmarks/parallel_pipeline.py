@@ -14,6 +14,7 @@ import time
 import torch
 
 from benchmarks.parallel_zero import zero_config
+from bloomline.trainer.loop import Trainer
 
 __all__ = ["GPT_HEADS", "GPT_HIDDEN", "GPT_LAYERS", "GPT_MBS", "GPT_SEQ", "GPT_VOCAB",
            "MATMUL_LAYERS", "MATMUL_ROWS", "MATMUL_WIDTH", "T_FORWARD", "WAIT_WIDTH",
@@ -125,8 +126,6 @@ class _TrainerPipeline:
     builds them), the wall time being that of the schedule's ``step``."""
 
     def __init__(self, p: int, schedule: str, m: int, v: int) -> None:
-        from bloomline.trainer.loop import Trainer
-
         cfg = zero_config(1, 0, False)
         model = cfg.model
         model.vocab_size, model.hidden_size, model.num_layers, model.num_heads = (
@@ -226,7 +225,7 @@ def pipeline_configs(p: int, compute: str, quick: bool) -> list:
 
 
 def pipeline_ours() -> str:
-    try:
+    try:  # optional: a tree without the trainer's pipeline gets no gpt rows
         from bloomline.trainer.parallel import pipeline  # noqa: F401
     except ImportError:
         return "bloomline.trainer.parallel.pipeline is not there: no gpt rows"

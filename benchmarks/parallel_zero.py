@@ -17,6 +17,9 @@ import time
 
 import torch
 
+from bloomline.trainer.config import Config
+from bloomline.trainer.loop import Trainer
+
 __all__ = ["FP32", "HEADS", "HIDDEN", "LAYERS", "MBS", "SEQ", "VOCAB", "ZERO_VARIANTS",
            "zero_config", "zero_theory", "zero_worker"]
 
@@ -29,8 +32,6 @@ FP32 = 4
 
 
 def zero_config(dp: int, stage: int, offload: bool):
-    from bloomline.trainer.config import Config
-
     cfg = Config()
     m = cfg.model
     m.vocab_size, m.hidden_size, m.num_layers, m.num_heads = VOCAB, HIDDEN, LAYERS, HEADS
@@ -87,13 +88,13 @@ def count_fallback(model, optimizer) -> dict:
 def _counter(offload: bool):
     """Per-rank model-state bytes: the dp helper's ``parallel/memory.py`` when it is there,
     else our fallback (same rules: local shards, each storage once)."""
-    try:
+    try:  # optional: a tree without parallel/memory.py is measured with the fallback
         from bloomline.trainer.parallel.memory import model_state_bytes
     except ImportError:
         def fallback(model, optimizer) -> dict:
             found = count_fallback(model, optimizer)
             return {**found, **{f"{kind}_host": 0 for kind in list(found)}}
-        return fallback, "bench_parallel's fallback counter"
+        return fallback, "benchmarks.parallel's fallback counter"
 
     def count(model, optimizer) -> dict:
         found = model_state_bytes(model, optimizer, "cpu", offload)
@@ -140,8 +141,6 @@ def _quiet_stderr():
 def zero_worker(dp: int, variants: dict, steps: int) -> dict:
     """On every rank: per variant, memory counts, socket bytes per step, the collectives."""
     import torch.distributed as dist
-
-    from bloomline.trainer.loop import Trainer
 
     generator = torch.Generator().manual_seed(0)
     out = {"variants": {}}
