@@ -41,7 +41,8 @@ Then the blend indices alone (``build_index_blend_rows``): ours against megatron
 per dataset count, and the first call of a fresh process.
 
 Run: ``make bench-build-index`` or ``python -m benchmarks.build_index [--quick]
-[--skip-megatron] [--blend-rows-only]``. Disk, memory and run time of the full run: README.md.
+[--skip-megatron] [--blend-rows-only]``. Disk, memory and run time of the full run:
+``benchmarks/results/build_index.md``.
 """
 
 from __future__ import annotations

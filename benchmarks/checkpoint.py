@@ -26,7 +26,7 @@ tensors, which bounds the async stall (the staging copy; DCP's copy allocates fr
 memory, so page faults come on top); and sha256 on one core (``hashlib``), the manifest's
 hashing. Each round runs everything once (the sync and the idle async save in alternating
 order); medians over rounds are reported, ratios taken within a round, because the machine's
-disk and CPU are shared and drift (README.md has how much).
+disk and CPU are shared and drift (``benchmarks/results/checkpoint.md`` has how much).
 
 Run: ``make bench-checkpoint`` or ``python -m benchmarks.checkpoint [--rounds N] [--quick]``
 (``--quick``: a 4-layer hidden-512 model, one round). Writes

@@ -51,9 +51,9 @@ torchrun's environment, gloo, one torch thread per process) on this machine's co
         4 x 64 tokens): the first stage also embeds and the last applies the head and the
         loss, so the stages are nearly, not exactly, equal; p = 2 only, as matmul.
     The activations sent between stages are 32 x 256 (wait) or 32 x 1024 (matmul) fp32, 32 or
-    128 KiB, small against a stage's compute (README.md); the step and busy times
-    and the ideal step (the busy time stretched by the theory's bubble) are printed, so the
-    schedule's own overhead shows as step - ideal. Target: measured within 0.05 of theory.
+    128 KiB, small against a stage's compute (``benchmarks/results/parallel.md``); the step and
+    busy times and the ideal step (the busy time stretched by the theory's bubble) are printed, so
+    the schedule's own overhead shows as step - ideal. Target: measured within 0.05 of theory.
 
 (3) Bytes communicated per step per rank, in the same runs as (1): the bytes each process
     wrote to its sockets during the step (``wchar`` of ``/proc/self/io``, which counts
@@ -65,11 +65,11 @@ torchrun's environment, gloo, one torch thread per process) on this machine's co
     ZeRO-3 all-gathers the parameters in forward and again in backward and reduce-scatters
     the gradients, 3 (N - 1)/N x 4 Psi; the paper's stages 1 and 2 communicate as DDP. A
     second column counts what this implementation must send on gloo, whose reduce-scatter is
-    an all-reduce (it writes the whole tensor, not (N - 1)/N of it; README.md):
-    2, 3, 3, 4 x (N - 1)/N x 4 Psi for stages 0, 1, 2, 3 (our ZeRO-1 all-reduces the whole
-    gradient, then all-gathers the updated shards). The loss average and the gradient-norm
-    all-reduce add a few bytes. Targets: DDP and ZeRO-3 within 10% of the ring theory; every
-    stage within 10% of its count on gloo (nothing sent twice).
+    an all-reduce (it writes the whole tensor, not (N - 1)/N of it;
+    ``benchmarks/results/parallel.md``): 2, 3, 3, 4 x (N - 1)/N x 4 Psi for stages 0, 1, 2, 3 (our
+    ZeRO-1 all-reduces the whole gradient, then all-gathers the updated shards). The loss average
+    and the gradient-norm all-reduce add a few bytes. Targets: DDP and ZeRO-3 within 10% of the
+    ring theory; every stage within 10% of its count on gloo (nothing sent twice).
 
 The machine's load is printed as in ``benchmarks.train``: load averages and the busiest processes
 before the run, and the cores other processes kept busy during each part (/proc/stat minus
@@ -78,8 +78,8 @@ this process and its children); a warning follows when that exceeded a quarter o
 
 Run: ``make bench-parallel`` or ``python -m benchmarks.parallel [--quick]
 [--parts zero,pipeline] [--dp 2,4] [--pp 2,4] [--compute wait,matmul,gpt]``. Run time and
-last result: README.md, ``results/bench_parallel.txt``. The GPU throughput of the 350M and
-1.3B recipes is ``benchmarks/gpu_throughput.sh`` (needs GPUs).
+last result: ``benchmarks/results/parallel.md``, ``results/bench_parallel.txt``. The GPU throughput
+of the 350M and 1.3B recipes is ``benchmarks/gpu_throughput.sh`` (needs GPUs).
 """
 
 from __future__ import annotations

@@ -210,7 +210,7 @@ def zero_theory(stage: int, offload: bool, numel: int, dp: int) -> dict:
     bytes sent per rank (ring collectives: an all-gather or a reduce-scatter sends (N-1)/N of
     the full tensor, an all-reduce twice that); ``gloo``: what this implementation sends on
     gloo, whose reduce-scatter is an all-reduce (it writes the whole tensor, not half of it at
-    N = 2; README.md): ZeRO-1 all-reduces the whole gradient then
+    N = 2; ``benchmarks/results/parallel.md``): ZeRO-1 all-reduces the whole gradient then
     all-gathers the updated shards; FSDP2 (ZeRO-2/3) reduce-scatters the gradients and
     all-gathers the parameters once (ZeRO-2) or in forward and again in backward (ZeRO-3)."""
     params = FP32 * numel / (dp if stage >= 3 else 1)

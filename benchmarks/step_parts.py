@@ -14,7 +14,7 @@ model, batch and ``Trainer`` from ``harness.train_setup``), for whoever chases i
     ``--pairs`` pairs after warm-up; reported: the mean time saved per step +- its standard
     error, and its share of the real step. Paired steps share the machine's state of the
     moment, so the drift of a shared machine cancels out; isolated micro-benchmarks of the
-    same parts misled (README.md has the case). The parts:
+    same parts misled (``benchmarks/results/step_parts.md`` has the case). The parts:
       gelu       the MLP's tanh-GELU (replaced by the identity);
       softmax    attention's bias add and softmax, forward and backward, in the core of
                  ``model/attention_core.py`` (the scores pass through);
@@ -36,7 +36,7 @@ model, batch and ``Trainer`` from ``harness.train_setup``), for whoever chases i
                    subnormal probabilities it floors).
 
 Run: ``make bench-step-parts`` or ``python -m benchmarks.step_parts [--pairs N]`` (run time
-and results: README.md, ``results/bench_step_parts.txt``).
+and results: ``benchmarks/results/step_parts.md``, ``results/bench_step_parts.txt``).
 """
 
 from __future__ import annotations

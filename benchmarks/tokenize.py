@@ -26,7 +26,7 @@ tokenizer.json:
       RAYON_NUM_THREADS = the largest worker count) and the 1-thread encode called on the
       main thread, which runs slower: glibc's main malloc arena, which the interpreter
       shares, is slower for the library's many small allocations (a string per token) than
-      the arena any other thread gets (README.md has by how much);
+      the arena any other thread gets (``benchmarks/results/tokenize.md`` has by how much);
   (c) ``tokenize_corpus`` with the ``tokenizer.json`` folder and each ``--workers`` count,
       with TOKENIZERS_PARALLELISM unset, as users run it;
   (d) the baseline: ``datasets`` ``Dataset.map(batched=True)`` calling the same

@@ -49,8 +49,9 @@ is the cores every other process of the machine kept busy meanwhile, as in
 ``benchmarks.tokenize``. Each ratio is taken within a round and the median over rounds is
 reported (default 3 rounds). The pipeline rows also show load-adjusted times, wall x (cores -
 other) / cores, and their ratios use those: on a shared machine the load of other processes
-changes between rows of one round and moves wall-time ratios (README.md has by how much).
-Ray's worker processes run at nice 15 (Ray's default), so they yield to other load first.
+changes between rows of one round and moves wall-time ratios
+(``benchmarks/results/tokenize_cluster.md`` has by how much). Ray's worker processes run at nice 15
+(Ray's default), so they yield to other load first.
 
 The cluster: a ``ray stop`` anywhere on the machine (e.g. ``test_ray_tokenize.py``'s
 teardown) ends every Ray process, this cluster's too. It is checked and started again before

@@ -35,8 +35,8 @@ the model consumes. A precision the CPU has no fast oneDNN path for is skipped w
 in its target line. The load of other processes is printed per round.
 
 Targets: ours >= 1.2x transformers' tokens/s in each precision; loader >= 20x the model's
-consumption; thermometers < 2% of step time. Run times and results: README.md and
-``results/bench_train.txt``.
+consumption; thermometers < 2% of step time. Run times and results: ``benchmarks/results/train.md``
+and ``results/bench_train.txt``.
 """
 
 from __future__ import annotations
