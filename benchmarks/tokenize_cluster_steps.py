@@ -21,13 +21,12 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.harness.machine import OtherLoad
+from benchmarks.harness.tokenize_contestants import chunk_line_counts
 from benchmarks.tokenize_cluster_ray import MarkedProcesses, Probes
 from bloomline.dataprep.indexed_dataset import IndexedDataset, IndexedDatasetWriter
 from bloomline.dataprep.sources import (
-    DEFAULT_CHUNK_BYTES,
     expand_inputs,
     iter_chunks,
-    read_line_range,
 )
 
 WORKERS = 2
@@ -42,13 +41,7 @@ def chunk_batches(corpus: Path, workers: int) -> tuple[list[list[str]], list[int
     per chunk, and the corpus's statistics."""
     with open(corpus, encoding="utf-8") as fh:
         texts = [json.loads(line)["text"] for line in fh]
-    counts = []
-    for chunk in iter_chunks(expand_inputs([str(corpus)]), DEFAULT_CHUNK_BYTES, False, workers):
-        if chunk.kind == "range":
-            data, _ = read_line_range(chunk.source.path, chunk.start, chunk.stop)
-        else:
-            data = chunk.payload
-        counts.append(data.count(b"\n"))
+    counts = chunk_line_counts(corpus, workers)
     assert sum(counts) == len(texts), "chunk line counts do not cover the corpus"
     bounds = np.concatenate([[0], np.cumsum(counts)])
     batches = [texts[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]

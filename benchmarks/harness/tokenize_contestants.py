@@ -1,7 +1,8 @@
 """What ``benchmarks.tokenize`` and ``benchmarks.tokenize_cluster`` time besides the pipeline:
 the limits and the baselines (the corpus itself is ``text_corpus.py``'s).
 
-- :func:`load_batches`: the corpus's texts in memory, batched as the pipeline's chunks cut it;
+- :func:`load_batches`: the corpus's texts in memory, batched as the pipeline's chunks cut it
+  (:func:`chunk_line_counts`);
 - :func:`limit_encoder`: a tokenizer's own batch encode, the per-core limit (``"tokenizer"``:
   our ``Tokenizer.encode_batch``, which for SentencePiece is the library's numpy-returning
   ``Encode``; ``"library"``: ``tokenizers.Tokenizer.encode_batch_fast`` with each encoding's
@@ -29,8 +30,27 @@ from pathlib import Path
 import numpy as np
 
 from bloomline.dataprep.indexed_dataset import write_index
-from bloomline.dataprep.sources import expand_inputs, iter_chunks
+from bloomline.dataprep.sources import (
+    DEFAULT_CHUNK_BYTES,
+    expand_inputs,
+    iter_chunks,
+    read_line_range,
+)
 from bloomline.dataprep.tokenizer import Tokenizer, load_tokenizer
+
+
+def chunk_line_counts(corpus: Path, workers: int = 1) -> list[int]:
+    """The lines (documents) of each chunk the ``workers``-worker pipeline cuts ``corpus``
+    into: a byte-range chunk holds the lines whose first byte is in its range (the workers
+    read those themselves; the chunk carries no payload)."""
+    counts = []
+    for chunk in iter_chunks(expand_inputs([str(corpus)]), DEFAULT_CHUNK_BYTES, False, workers):
+        if chunk.kind == "range":
+            data, _ = read_line_range(chunk.source.path, chunk.start, chunk.stop)
+        else:
+            data = chunk.payload
+        counts.append(data.count(b"\n"))
+    return counts
 
 
 def load_batches(corpus: Path) -> tuple[list[list[str]], dict]:
@@ -38,8 +58,7 @@ def load_batches(corpus: Path) -> tuple[list[list[str]], dict]:
     with open(corpus, encoding="utf-8") as fh:
         texts = [json.loads(line)["text"] for line in fh]
     batches, start = [], 0
-    for chunk in iter_chunks(expand_inputs([str(corpus)])):
-        count = chunk.payload.count(b"\n")
+    for count in chunk_line_counts(corpus):
         batches.append(texts[start : start + count])
         start += count
     assert start == len(texts), "chunk line counts do not cover the corpus"
