@@ -48,39 +48,39 @@ demo: $(STAMP)
 	@echo "demo: token files in $(DEMO)/corpus, run (metrics.jsonl, tensorboard/, checkpoints/) in $(DEMO)/run, transformers export in $(DEMO)/hf"
 
 bench-tokenize: $(STAMP)
-	$(BIN)/python benchmarks/bench_tokenize.py
+	$(BIN)/python -m benchmarks.tokenize
 
 bench-tokenize-cluster: $(STAMP)
-	$(BIN)/python benchmarks/bench_tokenize_cluster.py
+	$(BIN)/python -m benchmarks.tokenize_cluster
 
 bench-readers: $(STAMP)
-	$(BIN)/python benchmarks/bench_readers.py
+	$(BIN)/python -m benchmarks.readers
 
 # megatron-core (the baseline it compares against) comes with the compatibility oracles
 bench-build-index: $(STAMP) $(STAMP_CMP)
-	$(BIN)/python benchmarks/bench_build_index.py
+	$(BIN)/python -m benchmarks.build_index
 
 # inspect-data summary/verify on bench-build-index's ~1B-token corpus (generated if missing)
 bench-inspect: $(STAMP)
-	$(BIN)/python benchmarks/bench_inspect.py
+	$(BIN)/python -m benchmarks.inspect
 
 # transformers (the baseline it compares against) comes with the compatibility oracles; the
 # loader part uses the demo corpus, which the benchmark makes with dataprep when it is missing
 bench-train: $(STAMP) $(STAMP_CMP)
-	$(BIN)/python benchmarks/bench_train.py
+	$(BIN)/python -m benchmarks.train
 
 # where bench-train's step spends its time: matmul-only ceiling, in-situ cost of each other part
 bench-step-parts: $(STAMP)
-	$(BIN)/python benchmarks/bench_step_parts.py
+	$(BIN)/python -m benchmarks.step_parts
 
 # ZeRO memory and bytes per rank, pipeline bubbles: CPU processes on gloo (GPU throughput of the
 # 350M/1.3B recipes: benchmarks/gpu_throughput.sh, on a machine with GPUs)
 bench-parallel: $(STAMP)
-	$(BIN)/python benchmarks/bench_parallel.py
+	$(BIN)/python -m benchmarks.parallel
 
 # checkpoint stall: sync save vs async (DCP async_save + manifest), against disk and copy limits
 bench-checkpoint: $(STAMP)
-	$(BIN)/python benchmarks/bench_checkpoint.py
+	$(BIN)/python -m benchmarks.checkpoint
 
 clean:
 	rm -rf build $(VENV)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-# trainer_fixtures, distributed and equivalence are imported by name in tests and, pickled by
+# trainer_fixtures and equivalence are imported by name in tests and, pickled by
 # reference, in the processes run_distributed spawns (which inherit sys.path). Appended, not
 # prepended: the repository root's conftest must stay the one `from conftest import` finds.
 sys.path.append(str(Path(__file__).parent))

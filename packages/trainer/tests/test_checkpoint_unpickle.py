@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from distributed import run_distributed
+from bloomline.trainer.parallel.local_processes import run_distributed
 from trainer_fixtures import tiny_config, write_corpus
 
 from bloomline.common.config_loader import to_toml

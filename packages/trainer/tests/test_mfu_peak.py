@@ -27,6 +27,7 @@ from bloomline.trainer.mfu import (
     machine_key,
     resolve_peak,
 )
+from bloomline.trainer.parallel.local_processes import run_distributed
 
 CPU = torch.device("cpu")
 
@@ -130,8 +131,6 @@ def test_ranks_measure_together_and_agree(tmp_path):
     """Bug: CPU ranks sharing a host measuring one at a time (each alone on the cores: a peak
     per rank of the whole machine, MFU understated by the rank count), a rank that reads the
     cache while another measures (a hang at the barrier), or ranks with different peaks."""
-    from distributed import run_distributed
-
     results = run_distributed(2, resolve_peak_twice, str(tmp_path), timeout=120)
     assert results[0] == results[1]
     assert results[0][:5] == [1.5e11, "measured", 1.5e11, "cached", 1]  # the mean of 1 and 2

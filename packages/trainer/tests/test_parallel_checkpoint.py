@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from distributed import run_distributed
+from bloomline.trainer.parallel.local_processes import run_distributed
 from trainer_fixtures import write_corpus
 
 from bloomline.trainer.config import Config

@@ -40,7 +40,7 @@ def slurm_env(tmp_path: Path, recipe: Path, **extra: str) -> dict:
     options and runs the command; ``scontrol show hostnames`` prints this host and
     ``scontrol requeue JOB`` is recorded in ``tmp_path/requeued``; one node, 2 processes,
     job 4242."""
-    from distributed import free_port
+    from bloomline.trainer.parallel.local_processes import free_port
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()

@@ -13,7 +13,7 @@ import random
 
 import pytest
 import torch
-from distributed import run_distributed
+from bloomline.trainer.parallel.local_processes import run_distributed
 from equivalence import (
     VOCAB,
     assert_same_training,

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from distributed import run_distributed
+from bloomline.trainer.parallel.local_processes import run_distributed
 from equivalence import (
     GBS,
     LR,

@@ -23,7 +23,7 @@ import math
 
 import pytest
 import torch
-from distributed import run_distributed
+from bloomline.trainer.parallel.local_processes import run_distributed
 from equivalence import (
     GBS,
     LR,

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from distributed import run_distributed
+from bloomline.trainer.parallel.local_processes import run_distributed
 from trainer_fixtures import tiny_config
 
 from bloomline.dataprep.indexed_dataset import IndexedDatasetWriter

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 import pytest
-from distributed import run_distributed
+from bloomline.trainer.parallel.local_processes import run_distributed
 from trainer_fixtures import tiny_config, write_corpus
 
 from bloomline.common.errors import UserError

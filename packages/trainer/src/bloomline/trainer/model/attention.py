@@ -15,7 +15,7 @@ Kernels (``ModelConfig.attention``; ``auto`` picks eager on CPU and flex on CUDA
   gives (a test checks it), so no fp32 L x L tensor is written and the backward runs in bf16,
   as Megatron's fused softmax kernels do; the bias is then added in bf16 (exact for
   power-of-two slopes up to L = 256; elsewhere off by at most 2^-9 of its value, which is
-  largest where the softmax weight exp(bias) is smallest). In the bench_train step this saves
+  largest where the softmax weight exp(bias) is smallest). In the benchmarks.train step this saves
   ~30 ms of ~700 in bf16 against the fp32 round trip. Other devices upcast the scores.
   On CPU without dropout the core is one hand-written autograd node
   (``attention_core.py``: fewer layout copies, no subnormal fp32 probabilities).
@@ -131,7 +131,7 @@ class Attention(nn.Module):
         q, k, v = self._split_heads(qkv)
         if kernel == "sdpa":
             # a 4-D mask keeps the fused CPU kernel (a 3-D one falls back to the generic path,
-            # which upcasts bf16 to fp32: 1.8x slower, bench_train --diagnose)
+            # which upcasts bf16 to fp32: 1.8x slower, benchmarks.train --diagnose)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias[None].to(q.dtype),
                                                  dropout_p=dropout)
         else:

@@ -1,6 +1,6 @@
 """The eager CPU attention core (scores, ALiBi bias, softmax, mixing) as one autograd node.
 
-Written out by hand for two reasons measured on 2 cores at the bench_train shape (b 8, 6 heads,
+Written out by hand for two reasons measured on 2 cores at the benchmarks.train shape (b 8, 6 heads,
 L 256, head_dim 64):
 
 1. Layout. The fused QKV output is [b, L, heads, 3, d]; autograd over ``unbind`` and

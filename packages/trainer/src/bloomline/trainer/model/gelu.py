@@ -8,7 +8,7 @@ On CPU this module compiles both directions of the sigmoid form once per process
 one vectorized C++ loop each, computing in fp32 and rounding once to the input's dtype, as
 ATen does): at [8, 256, 1536] on 2 cores of an AMD EPYC, forward + backward take 1.8 + 2.1 ms
 against ATen's 3.3 + 3.5 in fp32, and 1.7 + 1.9 against 3.4 + 3.6 in bf16; inside the
-bench_train step that is ~20 ms of ~700 in bf16 (``benchmarks/README.md``).
+benchmarks.train step that is ~20 ms of ~700 in bf16 (``benchmarks/results/train.md``).
 
 - Inside a compiled region (``train.compile``) the plain sigmoid form is returned: inductor
   fuses it with its neighbours and differentiates it itself.

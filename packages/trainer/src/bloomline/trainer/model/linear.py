@@ -5,14 +5,14 @@ ATen sends an fp32 CPU ``mm``/``addmm`` to MKL's sgemm and only bf16/fp16 produc
 training must not do). oneDNN's fp32 matmul computes in fp32 as well (IEEE products in another
 summation order: differences of fp32 roundoff, ~1e-6 relative). Which of the two is faster
 depends on the CPU's maker, because MKL is Intel's library and runs its best kernels on
-Intel's CPUs only. Measured at the bench_train shapes (M = 2,048 tokens, h = 384, 2 cores):
+Intel's CPUs only. Measured at the benchmarks.train shapes (M = 2,048 tokens, h = 384, 2 cores):
 
 - AMD EPYC with AVX-512: oneDNN ~10% faster per product forward and into the input, a 1024^3
   product at ~180 GFLOP/s against MKL's ~140; inside the fp32 step it saves 55-108 ms of
-  ~1,200 (``benchmarks/README.md``).
+  ~1,200 (``benchmarks/results/train.md``).
 - Intel Xeon (Sapphire Rapids): MKL as fast forward, 5-10% faster into the input and 1.3-2x
   faster for the weight gradient; oneDNN costs 150 ms of ~960 in the step
-  (``bench_step_parts.py``'s "other linears" row).
+  (``benchmarks/step_parts.py``'s "other linears" row).
 
 So ``auto`` (``TrainConfig.cpu_fp32_matmul``, the default) routes fp32 products to oneDNN on
 AMD CPUs and leaves them on ATen elsewhere (Intel, and any CPU nobody has measured); the

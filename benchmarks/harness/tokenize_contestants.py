@@ -1,7 +1,8 @@
-"""What ``bench_tokenize.py`` times besides the pipeline: the corpus, the limits, the baselines.
+"""What ``benchmarks.tokenize`` and ``benchmarks.tokenize_cluster`` time besides the pipeline:
+the limits and the baselines (the corpus itself is ``text_corpus.py``'s).
 
-- :func:`build_corpus` / :func:`load_batches`: the generated jsonl corpus, and its texts in
-  memory batched as the pipeline's chunks cut it;
+- :func:`load_batches`: the corpus's texts in memory, batched as the pipeline's chunks cut it
+  (:func:`chunk_line_counts`);
 - :func:`limit_encoder`: a tokenizer's own batch encode, the per-core limit (``"tokenizer"``:
   our ``Tokenizer.encode_batch``, which for SentencePiece is the library's numpy-returning
   ``Encode``; ``"library"``: ``tokenizers.Tokenizer.encode_batch_fast`` with each encoding's
@@ -20,7 +21,6 @@ import filecmp
 import json
 import multiprocessing
 import os
-import re
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -29,59 +29,28 @@ from pathlib import Path
 
 import numpy as np
 
-from bloomline.dataprep.demo_corpus import iter_stdlib_documents
 from bloomline.dataprep.indexed_dataset import write_index
-from bloomline.dataprep.sources import expand_inputs, iter_chunks
+from bloomline.dataprep.sources import (
+    DEFAULT_CHUNK_BYTES,
+    expand_inputs,
+    iter_chunks,
+    read_line_range,
+)
 from bloomline.dataprep.tokenizer import Tokenizer, load_tokenizer
 
-# Sentences outside the tokenizer's usual alphabet: rare enough in the corpus that many of
-# their characters go through SentencePiece's byte-fallback path.
-NON_ASCII = [
-    "Функция возвращает новый список, не изменяя исходный.",
-    "Если файл не найден, возбуждается исключение OSError.",
-    "この関数は文字列を受け取り、バイト列を返します。",
-    "引数が省略された場合は、既定のエンコーディングが使われます。",
-    "该函数返回一个迭代器，按顺序产生每一行。",
-    "缓冲区满时，写入操作会阻塞直到有空间可用。",
-    "이 메서드는 스레드에 안전하지 않습니다.",
-    "Η συνάρτηση επιστρέφει το μήκος της ακολουθίας.",
-    "Ça marche déjà très bien — même avec des caractères accentués.",
-    "Build passed ✅ tests green 🎉 deploy 🚀 coffee ☕ bugs 🐛🐛",
-]
-NON_ASCII_SHARE = 0.02
 
-
-def build_corpus(path: Path, size_mb: float) -> None:
-    """Write ~size_mb MB of jsonl documents drawn from stdlib paragraphs (seeded, so fixed)."""
-    texts = [doc["text"] for doc in iter_stdlib_documents()]
-    paras = [p for t in texts for p in re.split(r"\n\s*\n", t) if p.strip()]
-    para_bytes = np.array([len(p.encode()) + 2 for p in paras])  # + the "\n\n" joining them
-    rng = np.random.default_rng(1234)
-    target = size_mb * 1e6
-    # Lognormal lengths: median ~1.6 KB, mean ~3 KB, a few documents of ~100 KB.
-    mu, sigma = np.log(3000) - 1.1**2 / 2, 1.1
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")
-    written = 0
-    try:
-        with open(tmp, "wb") as fh:
-            doc_id = 0
-            while written < target:
-                want = float(np.clip(rng.lognormal(mu, sigma), 200, 120_000))
-                # Draw a generous batch of paragraphs, keep those that reach the length.
-                idx = rng.integers(0, len(paras), size=int(want / 80) + 4)
-                keep = int(np.searchsorted(np.cumsum(para_bytes[idx]), want)) + 1
-                doc = [paras[i] for i in idx[:keep]]
-                if rng.random() < NON_ASCII_SHARE:
-                    for pos in sorted(rng.integers(0, len(doc) + 1, size=len(doc) // 2 + 1),
-                                      reverse=True):
-                        picks = rng.integers(0, len(NON_ASCII), size=rng.integers(1, 4))
-                        doc.insert(int(pos), " ".join(NON_ASCII[i] for i in picks))
-                line = json.dumps({"id": doc_id, "text": "\n\n".join(doc)}, ensure_ascii=False)
-                written += fh.write((line + "\n").encode())
-                doc_id += 1
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+def chunk_line_counts(corpus: Path, workers: int = 1) -> list[int]:
+    """The lines (documents) of each chunk the ``workers``-worker pipeline cuts ``corpus``
+    into: a byte-range chunk holds the lines whose first byte is in its range (the workers
+    read those themselves; the chunk carries no payload)."""
+    counts = []
+    for chunk in iter_chunks(expand_inputs([str(corpus)]), DEFAULT_CHUNK_BYTES, False, workers):
+        if chunk.kind == "range":
+            data, _ = read_line_range(chunk.source.path, chunk.start, chunk.stop)
+        else:
+            data = chunk.payload
+        counts.append(data.count(b"\n"))
+    return counts
 
 
 def load_batches(corpus: Path) -> tuple[list[list[str]], dict]:
@@ -89,8 +58,7 @@ def load_batches(corpus: Path) -> tuple[list[list[str]], dict]:
     with open(corpus, encoding="utf-8") as fh:
         texts = [json.loads(line)["text"] for line in fh]
     batches, start = [], 0
-    for chunk in iter_chunks(expand_inputs([str(corpus)])):
-        count = chunk.payload.count(b"\n")
+    for count in chunk_line_counts(corpus):
         batches.append(texts[start : start + count])
         start += count
     assert start == len(texts), "chunk line counts do not cover the corpus"
@@ -111,7 +79,7 @@ def limit_encoder(tok: Tokenizer, mode: str) -> Callable[[list[str]], list]:
             return [e.ids for e in backend.encode_batch_fast(texts)]
         if mode == "library-main-thread":
             return encode
-        # The library runs 10-30% faster on any thread but the main one (glibc's main malloc
+        # The library runs faster on any thread but the main one (glibc's main malloc
         # arena, which the interpreter shares, is slower for its many small allocations), so
         # its best one-thread speed is on a helper thread; the caller waits.
         helper = ThreadPoolExecutor(1, thread_name_prefix="limit-encode")

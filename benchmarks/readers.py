@@ -8,28 +8,29 @@ benchmark times getting every text out of the same corpus three ways, in one run
   datasets  ``datasets.load_dataset(<format>, data_files=...)`` (arrow conversion and its
             on-disk cache, in a fresh cache folder each time) then the text column
 
-for the generated jsonl corpus of ``bench_tokenize.py`` and a Parquet copy of it. Tokenizing
-runs at ~5 MB/s per core, so a reader only matters if it is not far faster than that.
+for the generated jsonl corpus of ``benchmarks.tokenize`` (``harness.text_corpus``) and a
+Parquet copy of it. A reader only matters if it is not far faster than tokenizing (whose rate
+per core is ``benchmarks.tokenize``'s result).
 
-Run: ``.venv/bin/python benchmarks/bench_readers.py [--size-mb 200]``.
+Run: ``make bench-readers`` or ``python -m benchmarks.readers [--size-mb 200]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import shutil
-import sys
 import tempfile
 import time
 from importlib.metadata import version
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-from bench_tokenize import build_corpus  # noqa: E402  (the same cached corpus)
-from machine import header_line, relative  # noqa: E402
+from benchmarks.harness.machine import header_line, relative
+from benchmarks.harness.paths import CACHE_DIR
+from benchmarks.harness.text_corpus import jsonl_corpus
+from bloomline.dataprep.documents import extract_documents
+from bloomline.dataprep.sources import expand_inputs, iter_chunks
 
-from bloomline.dataprep.documents import extract_documents  # noqa: E402
-from bloomline.dataprep.sources import expand_inputs, iter_chunks  # noqa: E402
+__all__ = ["main", "measure", "report"]
 
 
 def _limit(path: Path) -> int:
@@ -66,17 +67,20 @@ def _timed(fn, *args) -> tuple[float, int]:
     return time.perf_counter() - start, result
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size-mb", type=float, default=200)
-    parser.add_argument("--cache-dir", type=Path, default=Path(__file__).parent / ".cache")
-    args = parser.parse_args()
+    parser.add_argument("--cache-dir", type=Path, default=CACHE_DIR)
+    return parser.parse_args(argv)
+
+
+def measure(args: argparse.Namespace) -> dict:
+    """``{"rows": [(name, seconds, file MB/s, documents or None)]}``, three rows (limit,
+    dataprep, datasets) per format; asserts that both readers count the same documents."""
     print(header_line(f"datasets {version('datasets')}, pyarrow {version('pyarrow')}"),
           flush=True)
     args.cache_dir.mkdir(parents=True, exist_ok=True)
-    jsonl = args.cache_dir / f"bench_{args.size_mb:g}mb.jsonl"
-    if not jsonl.exists():
-        build_corpus(jsonl, args.size_mb)
+    jsonl = jsonl_corpus(args.cache_dir, args.size_mb)
     parquet = jsonl.with_suffix(".parquet")
     if not parquet.exists():
         import pyarrow.json as pj
@@ -95,12 +99,23 @@ def main() -> None:
         rows.append((f"{path.suffix[1:]}: datasets.load_dataset", secs, size / secs / 1e6,
                      count_hf))
         assert count == count_hf, f"{relative(path)}: {count} documents vs datasets' {count_hf}"
+    return {"rows": rows}
+
+
+def report(measured: dict) -> int:
+    """Print the table: each row's seconds, MB/s, documents and speed against datasets'."""
+    rows = measured["rows"]
     base = {name.split(":")[0]: secs for name, secs, _, _ in rows if "datasets" in name}
     print(f"{'reader':38s} {'s':>7s} {'file MB/s':>10s} {'docs':>9s} {'vs datasets':>12s}")
     for name, secs, mbps, count in rows:
         ratio = base[name.split(":")[0]] / secs
         print(f"{name:38s} {secs:7.2f} {mbps:10.1f} {count or '':>9} {ratio:11.2f}x")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return report(measure(parse_args(argv)))
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

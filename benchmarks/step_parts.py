@@ -1,6 +1,6 @@
 """Where our training step's time goes on this CPU: its matmul-only ceiling, and what each
-non-matmul part costs inside the real step. The companion of ``bench_train.py`` (same model,
-batch and ``Trainer``), for whoever chases its 1.2x target.
+non-matmul part costs inside the real step. The companion of ``benchmarks.train`` (the same
+model, batch and ``Trainer`` from ``harness.train_setup``), for whoever chases its 1.2x target.
 
 (1) Matmul ceiling: every matmul of one step of ours, timed alone at its shape and dtype
     (median of 5 runs of 10) and summed: per layer the QKV, attention-output, fc1 and fc2
@@ -8,14 +8,13 @@ batch and ``Trainer``), for whoever chases its 1.2x target.
     (forward and two backward each); once the tied head's three. The linear products run
     where the step runs them (in fp32 on ``model/linear.py``'s choice for this CPU). Reported
     as tokens/s were the step nothing but these matmuls, next to the 1024^3 matmul peak
-    ``bench_train`` divides by (its "limit"), and the real step measured in the same run.
+    ``benchmarks.train`` divides by (its "limit"), and the real step measured in the same run.
 (2) In-situ costs: one ``Trainer`` runs the real step and the same step with one part taken
     out (its results are wrong; only the time counts), alternating which goes first, for
     ``--pairs`` pairs after warm-up; reported: the mean time saved per step +- its standard
     error, and its share of the real step. Paired steps share the machine's state of the
-    moment, so the drift of a shared 2-core machine (+-15% between minutes) cancels out;
-    isolated micro-benchmarks of the same parts misled (a block-causal attention kernel 25%
-    faster alone was 0.6% faster in the step). The parts:
+    moment, so the drift of a shared machine cancels out; isolated micro-benchmarks of the
+    same parts misled (``benchmarks/results/step_parts.md`` has the case). The parts:
       gelu       the MLP's tanh-GELU (replaced by the identity);
       softmax    attention's bias add and softmax, forward and backward, in the core of
                  ``model/attention_core.py`` (the scores pass through);
@@ -36,8 +35,8 @@ batch and ``Trainer``), for whoever chases its 1.2x target.
                    node of ``model/attention_core.py`` (layout copies; in fp32 also the
                    subnormal probabilities it floors).
 
-Run: ``make bench-step-parts`` or ``.venv/bin/python benchmarks/bench_step_parts.py [--pairs N]``
-(about 10 minutes for both precisions on 2 idle cores at the default 30 pairs).
+Run: ``make bench-step-parts`` or ``python -m benchmarks.step_parts [--pairs N]`` (run time
+and results: ``benchmarks/results/step_parts.md``, ``results/bench_step_parts.txt``).
 """
 
 from __future__ import annotations
@@ -49,16 +48,16 @@ import sys
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import bench_train as bt  # noqa: E402  (the same model, batch and Trainer config)
-
-from bloomline.trainer.loop import Trainer  # noqa: E402
-from bloomline.trainer.model import (  # noqa: E402
+from benchmarks.harness import train_setup as bt  # the same model, batch and Trainer config
+from benchmarks.harness.machine import machine_report
+from benchmarks.harness.table import print_table
+from bloomline.trainer.loop import Trainer
+from bloomline.trainer.malloc import tune_malloc
+from bloomline.trainer.mfu import measure_peak_flops
+from bloomline.trainer.model import (
     attention,
     attention_core,
     gelu,
@@ -66,9 +65,10 @@ from bloomline.trainer.model import (  # noqa: E402
     layers,
     loss,
 )
-from bloomline.trainer.model import linear as linear_layers  # noqa: E402
-from bloomline.trainer.mfu import measure_peak_flops  # noqa: E402
-from bloomline.trainer.precision import fast_low_precision  # noqa: E402
+from bloomline.trainer.model import linear as linear_layers
+from bloomline.trainer.precision import fast_low_precision
+
+__all__ = ["main", "measure", "report"]
 
 TOKENS = bt.MBS * bt.SEQ
 
@@ -197,17 +197,23 @@ def in_situ_cost(trainer: Trainer, tokens: torch.Tensor, part: str,
         statistics.median(real)
 
 
-def main() -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--precisions", default="bf16,fp32")
     parser.add_argument("--pairs", type=int, default=30, help="paired steps per part")
     parser.add_argument("--parts", default=",".join([*PARTS, *ALTERNATIVES]))
-    args = parser.parse_args()
-    bt.tune_malloc()
-    print(bt.machine_report())
+    return parser.parse_args(argv)
+
+
+def measure(args: argparse.Namespace) -> dict:
+    """``{"pairs", "precisions": {precision: {"step", "ceiling", "peak", "flops", "costs":
+    {part: (mean saved s, standard error, median real step s)}}}}``; a precision the CPU has
+    no fast path for is left out (with a printed line)."""
+    tune_malloc()
+    print(machine_report())
     torch.manual_seed(bt.SEED)
-    tokens = torch.randint(0, bt.DATA_VOCAB, (bt.MBS, bt.SEQ + 1))
-    rows = []
+    tokens = bt.random_tokens()
+    measured = {}
     for precision in args.precisions.split(","):
         if precision == "bf16" and not fast_low_precision("bf16", torch.device("cpu")):
             print("bf16: skipped, this CPU has no oneDNN bf16 path (AVX-512)")
@@ -216,38 +222,47 @@ def main() -> int:
         trainer = Trainer(bt.trainer_config(precision), log=lambda *_: None)
         costs = {part: in_situ_cost(trainer, tokens, part, args.pairs)
                  for part in args.parts.split(",")}
-        step = statistics.median(real for _, _, real in costs.values())
-        ceiling = matmul_ceiling(dtype)
-        peak = measure_peak_flops(torch.device("cpu"), dtype)
-        flops = bt.trainer_config(precision).model.flops_per_token(bt.SEQ)
+        measured[precision] = {
+            "costs": costs, "step": statistics.median(real for _, _, real in costs.values()),
+            "ceiling": matmul_ceiling(dtype),
+            "peak": measure_peak_flops(torch.device("cpu"), dtype),
+            "flops": bt.trainer_config(precision).model.flops_per_token(bt.SEQ)}
+    return {"pairs": args.pairs, "precisions": measured}
+
+
+def report(measured: dict) -> int:
+    """Print the table of ``measure``'s dict and what its columns mean."""
+    rows = []
+    for precision, got in measured["precisions"].items():
+        step, ceiling = got["step"], got["ceiling"]
         rows.append((f"{precision} step, tokens/s (real: median over the pairs)",
                      f"{TOKENS / step:,.0f}", f"{TOKENS / ceiling:,.0f}",
-                     f"{ceiling / step:.2f}", f"{peak / flops:,.0f}"))
-        for part, (saved, error, _) in costs.items():
+                     f"{ceiling / step:.2f}", f"{got['peak'] / got['flops']:,.0f}"))
+        for part, (saved, error, _) in got["costs"].items():
             label = "ms per step" if part in PARTS else "ms ours saves per step"
             if part in ALTERNATIVES:
                 saved = -saved  # the replacement's extra time
             rows.append((f"{precision} {part}, {label}",
                          f"{saved * 1e3:.1f} +- {error * 1e3:.1f}", f"{step * 1e3:.0f}",
                          f"{saved / step:.1%}", "-"))
-    print()
     widths = (52, 16, 12, 8, 10)
 
     def line(cells) -> str:
         return "".join(f"{c:<{w}}" if i == 0 else f"{c:>{w}}"
                        for i, (c, w) in enumerate(zip(cells, widths, strict=True)))
 
-    print(line(("measurement", "ours", "baseline", "ratio", "limit")))
-    print("-" * sum(widths))
-    for row in rows:
-        print(line(row))
+    print_table(line(("measurement", "ours", "baseline", "ratio", "limit")), map(line, rows))
     print("step row: ours = the real step; baseline = the matmul-only ceiling (every matmul "
           "of the step alone at its shape); ratio = ceiling time / real time; limit = the "
-          "1024^3 matmul peak over the model's FLOPs per token (bench_train's limit).")
+          "1024^3 matmul peak over the model's FLOPs per token (benchmarks.train's limit).")
     print("part rows: ours = mean time the part costs inside the step +- standard error over "
-          f"{args.pairs} paired steps; baseline = the real step, ms; ratio = the part's share; "
-          "'saves' rows: the replacement's extra time (positive: ours is faster).")
+          f"{measured['pairs']} paired steps; baseline = the real step, ms; ratio = the part's "
+          "share; 'saves' rows: the replacement's extra time (positive: ours is faster).")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return report(measure(parse_args(argv)))
 
 
 if __name__ == "__main__":

@@ -1,80 +1,51 @@
 """Training-step throughput of ``Trainer.train_step`` against transformers' BloomForCausalLM,
-and the data loader against what the model consumes.
+the AdamW step alone, the data loader against what the model consumes, and the thermometers'
+cost. Run: ``make bench-train`` or ``python -m benchmarks.train [--quick] [--compile]
+[--diagnose]``.
 
-One model shape for both (6 layers, hidden 384, 6 heads, vocabulary 8064 = 8000 padded to a
-multiple of 128, no dropout, tied embeddings: 13.7M parameters), micro-batch 8 of L = 256
-tokens, the same batch of random token ids (< 8000) every step, on CPU:
+One model shape for both (``benchmarks.harness.train_setup``: 6 layers, hidden 384, 6 heads,
+vocabulary 8064, no dropout, tied embeddings), micro-batch 8 of L = 256 tokens, the same batch
+of random token ids every step, on CPU:
 
-  (a) ours: ``bloomline.trainer.loop.Trainer`` built from a ``Config`` with that model (no
-      data is opened), and ``trainer.train_step([tokens], lr)`` with ``tokens`` [8, 257]
-      int64: exactly what the training loop runs per step (forward under the precision
-      policy, the LM head fused with the fp32 cross-entropy (``model/loss.py``: no fp32
-      logits), backward, clip to 1.0, ``build_optimizer``'s AdamW step, zero_grad);
-  (b) transformers: ``BloomForCausalLM(BloomConfig(...))`` with fp32 parameters, a stock
-      ``torch.optim.AdamW`` with the same lr 3e-4, betas (0.9, 0.95), eps 1e-8 and weight
-      decay groups (0.1 on matrices, none on biases and LayerNorms; torch chooses the
-      implementation), ``labels=input_ids`` on the first 256 tokens (it shifts inside),
-      ``loss.backward()``, ``clip_grad_norm_(1.0)``, ``optimizer.step()``, ``zero_grad``.
-      Both run the model on 256 tokens per sample;
-  in two precisions: ``bf16`` (fp32 master weights, forward under
-  ``torch.autocast('cpu', bfloat16)``: ours is ``precision.dtype = "bf16"``) and ``fp32``.
-  Ours runs ``model.attention = "auto"`` (eager on CPU). ``--compile`` adds ours with
-  ``train.compile = true`` (skipped, with the reason, if compiling fails; its warm-up step
-  times show the compiles). ``--diagnose`` adds ours with ``model.attention = "sdpa"`` (the
-  fused CPU SDPA kernel with the ALiBi bias as a [1, heads, L, L] mask), to show why auto
-  picks eager on CPU.
+  (a) ours: ``Trainer.train_step([tokens], lr)`` with ``tokens`` [8, 257] int64: exactly what
+      the training loop runs per step (forward under the precision policy, the LM head fused
+      with the fp32 cross-entropy, backward, clip to 1.0, ``build_optimizer``'s AdamW step,
+      zero_grad);
+  (b) transformers: ``BloomForCausalLM`` with fp32 parameters, a stock ``torch.optim.AdamW``
+      with the same hyperparameters and weight decay groups, ``labels=input_ids`` on the first
+      256 tokens, backward, ``clip_grad_norm_(1.0)``, step, ``zero_grad``;
+  in ``bf16`` (fp32 master weights under ``torch.autocast``) and ``fp32``. ``--compile`` adds
+  ours with ``train.compile = true``; ``--diagnose`` adds ours with ``model.attention =
+  "sdpa"``, to show why ``auto`` picks eager on CPU.
 
-The process runs with glibc's mmap threshold raised to 1 GiB (``bloomline.trainer.malloc``,
-what ``Trainer`` does by default): process-wide, so the transformers baseline gets the same
-allocator. ``--default-malloc`` leaves glibc's defaults for both, to measure that effect.
+The process runs with ``bloomline.trainer.malloc``'s thresholds (what ``Trainer`` does by
+default, process-wide, so the baseline gets the same allocator); ``--default-malloc`` keeps
+glibc's defaults for both.
 
 Each precision warms every contestant up (``--warmup`` steps), then runs ``--rounds`` rounds of
-``--steps`` steps per contestant, the order reversed every round; tokens/s is taken per round,
-each ratio within a round and the median over rounds reported, because this 2-core machine is
-shared and its speed drifts from one minute to the next. The limit of a step is the matmul
-peak (``measure_peak_flops``: the best of ~20 ms tries of 1024^3 matmuls in that dtype, in
-fp32 the faster of ATen's MKL product and oneDNN's, taken once per round, the highest used)
-over the model FLOPs per token (``ModelConfig.flops_per_token(256)``, forward + backward,
-Megatron's count): ours/limit is the MFU. The losses of the first and last step are printed
-to show that both train on the same problem.
+``--steps`` steps per contestant, the order reversed every round; each ratio is taken within a
+round and the median over rounds reported (``harness.stats``). The limit of a step is the
+matmul peak measured once per round (``measure_peak_flops``, the highest used) over the model
+FLOPs per token (forward + backward): ours/limit is the MFU. The optimizer step alone (random
+gradients) compares ours, the stock AdamW and ``fused=True`` against AdamW's memory traffic
+(28 bytes a parameter) at the bandwidth of a 256 MiB tensor copy. The loader reads the demo
+corpus (``build/demo/corpus``, made with ``make demo``'s dataprep commands when missing) with 2
+workers, against an in-process loop stacking ``train[i]`` (two of them are the limit) and what
+the model consumes. A precision the CPU has no fast oneDNN path for is skipped with the reason
+in its target line. The load of other processes is printed per round.
 
-The optimizer step alone (random gradients on our model's parameters): ours
-(``build_optimizer``) against the stock ``torch.optim.AdamW`` of the transformers step, and
-``fused=True`` (what transformers' Trainer picks on torch >= 2.8); limit: AdamW's memory
-traffic (read parameter, gradient and two moments, write three: 28 bytes a parameter) at the
-bandwidth of a 256 MiB tensor copy.
-
-The loader: the demo corpus (``build/demo/corpus``; made with the dataprep commands of
-``make demo`` when missing), ``open_splits(corpus, 256, 20000, None, "98,2,0", 1234, None)``
-and ``make_loader(train, MegatronSampler(...), num_workers=2, prefetch_factor=4,
-pin_memory=False)``: samples/s in micro-batches of 8 from the first batch on (the worker
-start-up is printed apart), over ``--loader-samples`` samples, against a plain in-process loop
-stacking ``train[i]`` in the same order (the baseline; two of them, one per core, are the
-limit) and against what the model consumes (the samples/s of our fastest measured step;
-target >= 20x).
-
-A precision the CPU has no oneDNN kernels for (bf16 without AVX-512: matmuls ~100x slower than
-fp32, for both contestants) is skipped with that reason in its target line.
-
-The machine's load is printed: the load averages and busiest processes before the run, and
-for every round the cores other processes kept busy meanwhile (/proc/stat minus this
-process); a warning follows when that exceeded a quarter of a core.
-
-Run: ``make bench-train`` or ``.venv/bin/python benchmarks/bench_train.py [--quick]
-[--compile] [--diagnose]``. The default run takes ~2 minutes on 2 idle cores, ``--quick``
-(2 rounds of 1 step) ~20 s; ``--compile`` and ``--diagnose`` add ~1 minute each (twice that
-and more when other processes share the cores). Last run: ``results/bench_train.txt``.
+Targets: ours >= 1.2x transformers' tokens/s in each precision; loader >= 20x the model's
+consumption; thermometers < 2% of step time. Run times and results: ``benchmarks/results/train.md``
+and ``results/bench_train.txt``.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
-import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import warnings
 from collections.abc import Callable
@@ -82,125 +53,44 @@ from importlib.metadata import version
 from pathlib import Path
 
 import torch
-from machine import OtherLoad, header_line, load_average, relative
 
+from benchmarks.harness.machine import OtherLoad, load_average, machine_report, relative
+from benchmarks.harness.paths import REPO
+from benchmarks.harness.stats import median, ratio
+from benchmarks.harness.table import cell, number, print_table
+from benchmarks.harness.train_setup import (
+    BETAS,
+    COMPILED,
+    DIAG_SDPA,
+    DTYPES,
+    EPS,
+    HEADS,
+    HF,
+    HIDDEN,
+    LAYERS,
+    LR,
+    MBS,
+    SEED,
+    SEQ,
+    TRAIN_SAMPLES,
+    TUNE_MALLOC,
+    VOCAB,
+    decay_groups,
+    hf_step,
+    ours_step,
+    random_tokens,
+    trainer_config,
+)
 from bloomline.trainer.config import Config
 from bloomline.trainer.data import MegatronSampler, make_loader, open_splits
-from bloomline.trainer.malloc import tune_malloc
 from bloomline.trainer.loop import Trainer
+from bloomline.trainer.malloc import tune_malloc
+from bloomline.trainer.mfu import measure_peak_flops
 from bloomline.trainer.model import build_model
 from bloomline.trainer.optim import build_optimizer
-from bloomline.trainer.mfu import measure_peak_flops
 from bloomline.trainer.precision import fast_low_precision
 
-LAYERS, HIDDEN, HEADS, SEQ, VOCAB, MBS = 6, 384, 6, 256, 8064, 8
-LR, BETAS, EPS, WEIGHT_DECAY, CLIP = 3e-4, (0.9, 0.95), 1e-8, 0.1, 1.0
-DATA_VOCAB = 8000  # the ids drawn: the tokenizer's vocabulary before padding
-SEED = 1234
-TRAIN_SAMPLES = 20_000  # the demo's train split (make demo builds this many)
-REPO = Path(__file__).resolve().parents[1]
-DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
-HF = "transformers"
-COMPILED = "ours, torch.compile"
-DIAG_SDPA = "ours, attention=sdpa"
-TUNE_MALLOC = [True]  # --default-malloc clears it before any contestant is built
-
-
-# ----------------------------------------------------------------------------- machine
-
-
-def machine_report(*extras: str, header: bool = True) -> str:
-    """The result header (``machine.header_line``: command, date, commit, CPU model, then
-    torch's version and ``extras``; left out with ``header=False``, for a caller that writes
-    its own), the load before the run and the busiest other processes."""
-    lines = [header_line(f"torch {torch.__version__}", *extras)] if header else []
-    lines.append(f"{load_average('before')}; os.cpu_count() = {os.cpu_count()}, torch threads "
-                 f"= {torch.get_num_threads()}, CPU capability "
-                 f"{torch.backends.cpu.get_cpu_capability()}")
-    try:
-        top = subprocess.run(["top", "-bn1", "-w", "120"], capture_output=True, text=True,
-                             timeout=10).stdout.splitlines()
-        busy = [line for line in top[7:] if line.split() and _cpu_of(line) >= 5.0
-                and line.split()[0] != str(os.getpid())]
-        lines.append("top -bn1, processes above 5% CPU: " +
-                     ("; ".join(" ".join(line.split()[i] for i in (0, 8, 11)) for line in busy[:5])
-                      or "none"))
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return "\n".join(lines)
-
-
-def _cpu_of(line: str) -> float:
-    try:
-        return float(line.split()[8])
-    except (IndexError, ValueError):
-        return 0.0
-
-
-# ------------------------------------------------------------------------- contestants
-
-
-def trainer_config(precision: str, compile_model: bool = False) -> Config:
-    cfg = Config()
-    model = cfg.model
-    model.vocab_size, model.hidden_size = VOCAB, HIDDEN
-    model.num_layers, model.num_heads = LAYERS, HEADS
-    model.hidden_dropout = model.attention_dropout = 0.0
-    cfg.data.tokenizer, cfg.data.seq_length = "", SEQ
-    cfg.train.micro_batch_size = cfg.train.global_batch_size = MBS
-    cfg.train.device, cfg.train.seed, cfg.train.compile = "cpu", SEED, compile_model
-    cfg.train.run_dir = tempfile.gettempdir()  # never written: only train_step runs
-    cfg.precision.dtype = precision
-    cfg.monitor.tensorboard = False
-    opt = cfg.optimizer
-    opt.name, opt.lr, (opt.beta1, opt.beta2), opt.eps = "adamw", LR, BETAS, EPS
-    opt.weight_decay, opt.clip_grad = WEIGHT_DECAY, CLIP
-    return cfg
-
-
-def ours_step(precision: str, tokens: torch.Tensor, compile_model: bool = False,
-              attention: str = "") -> Callable[[], float]:
-    cfg = trainer_config(precision, compile_model)
-    cfg.model.attention = attention or cfg.model.attention
-    cfg.train.tune_malloc = TUNE_MALLOC[0]
-    trainer = Trainer(cfg, log=lambda *_: None)
-    lr = trainer.cfg.optimizer.lr
-
-    def step() -> float:
-        return trainer.train_step([tokens], lr)["loss"]
-    return step
-
-
-def decay_groups(model: torch.nn.Module) -> list[dict]:
-    """Weight decay on the matrices only (Linear weights, embedding), as ours."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    return [{"params": [p for p in params if p.ndim >= 2], "weight_decay": WEIGHT_DECAY},
-            {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
-
-
-def hf_step(precision: str, tokens: torch.Tensor) -> Callable[[], float]:
-    from transformers import BloomConfig, BloomForCausalLM
-
-    torch.manual_seed(SEED)
-    model = BloomForCausalLM(BloomConfig(
-        vocab_size=VOCAB, hidden_size=HIDDEN, n_layer=LAYERS, n_head=HEADS,
-        hidden_dropout=0.0, attention_dropout=0.0)).train()
-    # stock torch.optim.AdamW with our hyperparameters (torch picks the implementation)
-    optimizer = torch.optim.AdamW(decay_groups(model), lr=LR, betas=BETAS, eps=EPS)
-    input_ids = tokens[:, :SEQ]  # labels = input_ids: the model shifts them itself
-
-    def step() -> float:
-        if precision == "bf16":
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                loss = model(input_ids=input_ids, labels=input_ids).loss
-        else:
-            loss = model(input_ids=input_ids, labels=input_ids).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return float(loss.detach())
-    return step
+__all__ = ["main", "measure", "report"]
 
 
 # ---------------------------------------------------------------------------- measuring
@@ -336,6 +226,8 @@ def ensure_corpus(corpus: Path) -> None:
 
 
 def measure_loader(args) -> dict:
+    """Samples/s of the 2-worker loader and of the in-process loop, alternating first each
+    round, and the loader's start-up (the time to its first batch)."""
     corpus = Path(args.corpus)
     ensure_corpus(corpus)
     train = open_splits(str(corpus), SEQ, TRAIN_SAMPLES, None, "98,2,0", SEED, None)["train"]
@@ -372,21 +264,8 @@ def measure_loader(args) -> dict:
 # ---------------------------------------------------------------------------- reporting
 
 
-def median(values):
-    return statistics.median(values) if values else None
-
-
-def ratio(numerators, denominators):
-    """The median of per-round ratios."""
-    pairs = [a / b for a, b in zip(numerators, denominators, strict=True) if b]
-    return statistics.median(pairs) if pairs else None
-
-
-def report(args, results: dict, optim: dict, loader: dict | None,
-           thermo: dict | None = None, skipped: dict | None = None) -> int:
-    flops = trainer_config("bf16").model.flops_per_token(SEQ)
-    rows = []  # (label, ours, baseline, ratio, limit, ours/limit)
-    targets, notes = [], []
+def _step_rows(results: dict, flops: float, rows: list, targets: list, notes: list) -> None:
+    """Rows, targets and notes of the train-step rounds of every precision."""
     for precision, res in results.items():
         rates, peak = res["rates"], max(res["peaks"])
         limit = peak / flops
@@ -417,20 +296,25 @@ def report(args, results: dict, optim: dict, loader: dict | None,
                      f"tied embeddings, the embedding LayerNorm and init std sqrt(2 / 5h) = "
                      f"{std:.4f}, the input token's own logit starts near h x std = "
                      f"{HIDDEN * std:.1f}; transformers' std is 0.02)")
-    if thermo:
-        plain, hot = median(thermo["plain"]), median(thermo["thermo"])
-        interval = Config().monitor.thermometer_interval
-        extra = max(hot - plain, 0.0) / plain
-        rows.append((f"{thermo['precision']} step with thermometers vs without, s", hot, plain,
-                     hot / plain, None, None))
-        targets.append(f"target: thermometers every {interval} steps (the default) cost "
-                       f"< 2% of step time: {100 * extra / interval:.3f}% "
-                       f"{'PASS' if extra / interval < 0.02 else 'FAIL'} (one thermometer "
-                       f"step costs {100 * extra:.1f}% more than a plain one)")
-        notes.append(f"thermometers: {len(thermo['plain'])} alternating pairs of "
-                     f"{thermo['precision']} steps on "
-                     "one trainer (per-layer max |attention logit|, max |MLP output|, max "
-                     "|residual| on the first micro-batch, per-layer gradient norms)")
+
+
+def _thermometer_rows(thermo: dict, rows: list, targets: list, notes: list) -> None:
+    plain, hot = median(thermo["plain"]), median(thermo["thermo"])
+    interval = Config().monitor.thermometer_interval
+    extra = max(hot - plain, 0.0) / plain
+    rows.append((f"{thermo['precision']} step with thermometers vs without, s", hot, plain,
+                 hot / plain, None, None))
+    targets.append(f"target: thermometers every {interval} steps (the default) cost "
+                   f"< 2% of step time: {100 * extra / interval:.3f}% "
+                   f"{'PASS' if extra / interval < 0.02 else 'FAIL'} (one thermometer "
+                   f"step costs {100 * extra:.1f}% more than a plain one)")
+    notes.append(f"thermometers: {len(thermo['plain'])} alternating pairs of "
+                 f"{thermo['precision']} steps on "
+                 "one trainer (per-layer max |attention logit|, max |MLP output|, max "
+                 "|residual| on the first micro-batch, per-layer gradient norms)")
+
+
+def _optimizer_rows(optim: dict, rows: list, notes: list) -> None:
     rates = optim["rates"]
     limit = optim["bandwidth"] / (7 * 4 * optim["numel"])
     rows.append(("AdamW step alone vs stock torch.optim.AdamW, steps/s",
@@ -443,42 +327,53 @@ def report(args, results: dict, optim: dict, loader: dict | None,
                  f"steps/s ({ratio(rates['fused'], rates['ours']):.2f}x ours); limit: "
                  f"{7 * 4 * optim['numel'] / 1e6:,.0f} MB of fp32 traffic per step at "
                  f"{optim['bandwidth'] / 1e9:.1f} GB/s (a 256 MiB tensor copy)")
-    if loader:
-        plain = loader["plain"]
-        rows.append(("loader (2 workers) vs in-process train[i], samples/s",
-                     median(loader["loader"]), median(plain), ratio(loader["loader"], plain),
-                     2 * median(plain), median(loader["loader"]) / (2 * median(plain))))
-        if results:  # against the fastest precision measured: the hungriest consumer
-            fastest = max(results, key=lambda p: median(results[p]["rates"]["ours"]))
-            consumed = [r / SEQ for r in results[fastest]["rates"]["ours"]]
-            need = median(consumed)
-            gain = median(loader["loader"]) / need
-            rows.append((f"loader vs our {fastest} step's consumption, samples/s",
-                         median(loader["loader"]), need, gain, None, None))
-            targets.append(f"target: loader >= 20x what the model consumes: {gain:,.0f}x "
-                           f"{'PASS' if gain >= 20 else 'FAIL'}")
-        notes.append(f"loader: {loader['samples']:,} samples of the demo train split "
-                     f"({loader['split']:,} samples of L = {SEQ}) per round, micro-batches of "
-                     f"{MBS}; first batch after {median(loader['startup']):.2f} s (median, "
-                     f"not in the rate); other processes "
-                     f"{statistics.mean(loader['others']):.2f} cores on average")
 
-    def cell(value, fmt, width=13):
-        return f"{'-':>{width}}" if value is None or math.isnan(value) else format(value, fmt)
 
-    def number(value, width=13):  # one decimal below 100
-        return cell(value, f">{width}{',.1f' if value is not None and value < 100 else ',.0f'}",
-                    width)
+def _loader_rows(loader: dict, results: dict, rows: list, targets: list, notes: list) -> None:
+    plain = loader["plain"]
+    rows.append(("loader (2 workers) vs in-process train[i], samples/s",
+                 median(loader["loader"]), median(plain), ratio(loader["loader"], plain),
+                 2 * median(plain), median(loader["loader"]) / (2 * median(plain))))
+    if results:  # against the fastest precision measured: the hungriest consumer
+        fastest = max(results, key=lambda p: median(results[p]["rates"]["ours"]))
+        consumed = [r / SEQ for r in results[fastest]["rates"]["ours"]]
+        need = median(consumed)
+        gain = median(loader["loader"]) / need
+        rows.append((f"loader vs our {fastest} step's consumption, samples/s",
+                     median(loader["loader"]), need, gain, None, None))
+        targets.append(f"target: loader >= 20x what the model consumes: {gain:,.0f}x "
+                       f"{'PASS' if gain >= 20 else 'FAIL'}")
+    notes.append(f"loader: {loader['samples']:,} samples of the demo train split "
+                 f"({loader['split']:,} samples of L = {SEQ}) per round, micro-batches of "
+                 f"{MBS}; first batch after {median(loader['startup']):.2f} s (median, "
+                 f"not in the rate); other processes "
+                 f"{statistics.mean(loader['others']):.2f} cores on average")
 
+
+def _print_rows(rows: list) -> None:
     header = (f"{'measurement':<56} {'ours':>13} {HF + '/baseline':>24} {'ratio':>8} "
               f"{'limit':>13} {'ours/limit':>10}")
-    print()
-    print(header)
-    print("-" * len(header))
-    for label, ours, base, gain, limit, vs_limit in rows:
-        print(f"{label:<56} {number(ours)} {number(base, 24)} "
-              f"{cell(gain, '>7,.2f', 7)}{'x' if gain is not None else ' '} "
-              f"{number(limit)} {cell(vs_limit, '>10.2f', 10)}")
+    print_table(header, (
+        f"{label:<56} {number(ours)} {number(base, 24)} "
+        f"{cell(gain, '>7,.2f', 7)}{'x' if gain is not None else ' '} "
+        f"{number(limit)} {cell(vs_limit, '>10.2f', 10)}"
+        for label, ours, base, gain, limit, vs_limit in rows))
+
+
+def report(measured: dict) -> int:
+    """Print the table, the notes, the load warning and the targets of ``measure``'s dict."""
+    args, results, skipped = measured["args"], measured["results"], measured["skipped"]
+    flops = trainer_config("bf16").model.flops_per_token(SEQ)
+    rows: list = []  # (label, ours, baseline, ratio, limit, ours/limit)
+    targets: list[str] = []
+    notes: list[str] = []
+    _step_rows(results, flops, rows, targets, notes)
+    if measured["thermo"]:
+        _thermometer_rows(measured["thermo"], rows, targets, notes)
+    _optimizer_rows(measured["optim"], rows, notes)
+    if measured["loader"]:
+        _loader_rows(measured["loader"], results, rows, targets, notes)
+    _print_rows(rows)
     print(f"model: {LAYERS} layers, hidden {HIDDEN}, {HEADS} heads, vocabulary {VOCAB}, "
           f"{trainer_config('bf16').model.num_parameters():,} parameters; micro-batch {MBS} x "
           f"L {SEQ}; {flops / 1e6:.1f} MFLOP per token (forward + backward). Medians of "
@@ -493,14 +388,14 @@ def report(args, results: dict, optim: dict, loader: dict | None,
         print(f"warning: other processes took up to {busy:.2f} cores during a round: the "
               "absolute rates are low and the ratios noisier than usual; rerun when idle")
     print(load_average("after"))
-    for precision, reason in (skipped or {}).items():
+    for precision, reason in skipped.items():
         targets.insert(0, f"target: ours/{HF} >= 1.2x in {precision}: not measured ({reason})")
     for line in targets:
         print(line)
     return 0
 
 
-def main() -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--precisions", default="bf16,fp32")
     parser.add_argument("--rounds", type=int, default=6, help="interleaved rounds per precision")
@@ -519,13 +414,30 @@ def main() -> int:
                         help="ours only (no transformers baseline)")
     parser.add_argument("--skip-loader", action="store_true")
     parser.add_argument("--quick", action="store_true",
-                        help="a ~30 s smoke run: 2 rounds of 1 step, 1 warm-up step, "
+                        help="a smoke run: 2 rounds of 1 step, 1 warm-up step, "
                              "1024 loader samples")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.quick:
         args.rounds, args.steps, args.warmup = 2, 1, 1
         args.loader_samples, args.loader_rounds = 1024, 1
     args.warmup = max(args.warmup, 1)
+    return args
+
+
+def _skipped_precisions(precisions: list[str]) -> dict[str, str]:
+    skipped = {}
+    for precision in precisions:
+        if precision != "fp32" and not fast_low_precision(precision, torch.device("cpu")):
+            skipped[precision] = (f"this CPU ({torch.backends.cpu.get_cpu_capability()}) has no "
+                                  f"oneDNN {precision} path: its matmuls run ~100x slower than "
+                                  "fp32 for both contestants")
+            print(f"{precision}: skipped: {skipped[precision]}", flush=True)
+    return skipped
+
+
+def measure(args: argparse.Namespace) -> dict:
+    """Every measurement of the run (progress and the machine header printed as it goes):
+    ``{"args", "results": {precision: rounds}, "skipped", "thermo", "optim", "loader"}``."""
     if args.with_hf:
         try:
             import transformers  # noqa: F401
@@ -540,23 +452,23 @@ def main() -> int:
     threshold = "1 GiB (bloomline.trainer.malloc)" if args.tune_malloc else "glibc's default"
     print(f"malloc mmap threshold: {threshold}", flush=True)
     generator = torch.Generator().manual_seed(SEED)
-    tokens = torch.randint(0, DATA_VOCAB, (MBS, SEQ + 1), generator=generator)
-    skipped = {}
-    for precision in args.precisions.split(","):
-        if precision != "fp32" and not fast_low_precision(precision, torch.device("cpu")):
-            skipped[precision] = (f"this CPU ({torch.backends.cpu.get_cpu_capability()}) has no "
-                                  f"oneDNN {precision} path: its matmuls run ~100x slower than "
-                                  "fp32 for both contestants")
-            print(f"{precision}: skipped: {skipped[precision]}", flush=True)
+    tokens = random_tokens(generator)
+    precisions = args.precisions.split(",")
+    skipped = _skipped_precisions(precisions)
     results = {precision: measure_steps(precision, args, tokens)
-               for precision in args.precisions.split(",") if precision not in skipped}
+               for precision in precisions if precision not in skipped}
     thermo = None
     if results:  # the recipe's bf16 where it runs, else what did
         thermo = measure_thermometers(args, tokens, "bf16" if "bf16" in results
                                       else next(iter(results)))
     optim = measure_optimizer(args)
     loader = None if args.skip_loader else measure_loader(args)
-    return report(args, results, optim, loader, thermo, skipped)
+    return {"args": args, "results": results, "skipped": skipped, "thermo": thermo,
+            "optim": optim, "loader": loader}
+
+
+def main(argv: list[str] | None = None) -> int:
+    return report(measure(parse_args(argv)))
 
 
 if __name__ == "__main__":

@@ -24,9 +24,9 @@ tokenizer.json:
       helper thread while the main thread waits; the w-core limit: the same in w processes;
       for reference the library's own thread pool (TOKENIZERS_PARALLELISM=true,
       RAYON_NUM_THREADS = the largest worker count) and the 1-thread encode called on the
-      main thread, which runs 10-30% slower: glibc's main malloc arena, which the
-      interpreter shares, is slower for the library's many small allocations (a string per
-      token) than the arena any other thread gets;
+      main thread, which runs slower: glibc's main malloc arena, which the interpreter
+      shares, is slower for the library's many small allocations (a string per token) than
+      the arena any other thread gets (``benchmarks/results/tokenize.md`` has by how much);
   (c) ``tokenize_corpus`` with the ``tokenizer.json`` folder and each ``--workers`` count,
       with TOKENIZERS_PARALLELISM unset, as users run it;
   (d) the baseline: ``datasets`` ``Dataset.map(batched=True)`` calling the same
@@ -37,15 +37,15 @@ tokenizer.json:
       ``tokenize_contestants.datasets_map``.
 
 Rounds run every measurement in turn (``--repeats`` rounds, default 3); each ratio is taken
-within a round and the median over rounds reported, because this machine's speed drifts by 10%
-and more from one minute to the next. It checks that every output is byte-identical (pipeline
+within a round and the median over rounds reported, because a shared machine's speed drifts
+from one minute to the next. It checks that every output is byte-identical (pipeline
 for each worker count, and the naive loop for SentencePiece), that the pipeline's token count
 is the limit's plus one EOD per document, and that every other contestant counts the limit's
 tokens; then prints a table per tokenizer and the targets: >= 90% of the limit per worker,
 >= 1.8x from 1 to 2 workers (this presumes 2 idle cores), and for tokenizer.json a scaling
 within 5% of SentencePiece's in the same run.
 
-Run: ``make bench-tokenize`` or ``.venv/bin/python benchmarks/bench_tokenize.py [--size-mb 20]``.
+Run: ``make bench-tokenize`` or ``python -m benchmarks.tokenize [--size-mb 20]``.
 Corpus and tokenizers are cached in ``--cache-dir`` and reused on later runs. Writes
 ``benchmarks/results/bench_tokenize.txt`` (``--out``).
 """
@@ -55,7 +55,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -64,12 +63,11 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from machine import REPO, OtherLoad, header_line, load_average, relative  # noqa: E402
-from tokenize_contestants import (  # noqa: E402
+from benchmarks.harness.machine import OtherLoad, header_line, load_average, relative
+from benchmarks.harness.paths import CACHE_DIR, REPO
+from benchmarks.harness.text_corpus import byte_bpe_tokenizer, jsonl_corpus, sentencepiece_model
+from benchmarks.harness.tokenize_contestants import (
     ConcurrentLimit,
-    build_corpus,
     datasets_map,
     encode_all,
     limit_encoder,
@@ -78,9 +76,10 @@ from tokenize_contestants import (  # noqa: E402
     naive_loop,
     same_files,
 )
+from bloomline.dataprep.tokenize_corpus import tokenize_corpus
+from bloomline.dataprep.tokenizer import load_tokenizer
 
-from bloomline.dataprep.tokenize_corpus import tokenize_corpus  # noqa: E402
-from bloomline.dataprep.tokenizer import load_tokenizer, train_tokenizer  # noqa: E402
+__all__ = ["main", "measure", "report"]
 
 SP, HF = "sentencepiece", "tokenizer.json"
 
@@ -199,7 +198,7 @@ def run_rounds(rows: list[Measurement], repeats: int, limits: dict) -> dict:
 def table(kind: str, rows: list[Measurement], res: dict, out) -> list[dict]:
     """Print one tokenizer's rows; return them as dicts with the medians of per-round ratios.
 
-    The machine's speed drifts by 10% and more between minutes, so every ratio is taken
+    A shared machine's speed drifts between minutes, so every ratio is taken
     within a round (between runs minutes apart at most) and the median over rounds is
     reported. Ratios compare times on the same documents: MB/s of (b)/(c) counts jsonl bytes
     (JSON syntax and escapes included), which would flatter them against (a).
@@ -312,10 +311,10 @@ def targets(a, by_kind: dict[str, list[dict]], out) -> dict:
     return results
 
 
-def main() -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size-mb", type=float, default=100)
-    parser.add_argument("--cache-dir", type=Path, default=Path(__file__).parent / ".cache")
+    parser.add_argument("--cache-dir", type=Path, default=CACHE_DIR)
     parser.add_argument("--vocab-size", type=int, default=32000, help="SentencePiece's")
     parser.add_argument("--bpe-vocab-size", type=int, default=50257,
                         help="the tokenizer.json's (byte-level BPE; GPT-2's size)")
@@ -326,30 +325,24 @@ def main() -> int:
     parser.add_argument("--json", action="store_true", help="also print the results as JSON")
     parser.add_argument("--out", default="benchmarks/results/bench_tokenize.txt",
                         help="result file, relative to the repository ('' : none)")
-    a = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def measure(a: argparse.Namespace) -> dict:
+    """Every round of every row (``run_rounds``' dict), with the inputs the report names:
+    ``{"args", "res", "rows", "stats", "bytes", "corpus", "model", "folder", "batches",
+    "started", "load_before"}``."""
     started = time.perf_counter()
     cache: Path = a.cache_dir
     cache.mkdir(parents=True, exist_ok=True)
     # The thread-pool row's size; set before the library's pool starts (training starts it).
     os.environ["RAYON_NUM_THREADS"] = str(max(a.workers))
     load_before = load_average("before")
-
-    # The size is in the name, so a corpus of another size is generated beside, not reused.
-    corpus = cache / f"bench_{a.size_mb:g}mb.jsonl"
-    if not corpus.exists():
-        print(f"generating {corpus.name} ...", flush=True)
-        build_corpus(corpus, a.size_mb)
-    model = cache / f"bench_{a.size_mb:g}mb_v{a.vocab_size}.model"
-    if SP in a.tokenizers and not model.exists():
-        print(f"training a {a.vocab_size}-piece SentencePiece model on it ...", flush=True)
-        train_tokenizer([str(corpus)], model.with_suffix(""), a.vocab_size,
-                        max_sentences=300_000, overwrite=True)
-    folder = cache / f"bench_{a.size_mb:g}mb_bytebpe{a.bpe_vocab_size}"
-    if HF in a.tokenizers and not (folder / "tokenizer.json").exists():
-        print(f"training a {a.bpe_vocab_size}-entry byte-level BPE on it ...", flush=True)
-        train_tokenizer([str(corpus)], folder, a.bpe_vocab_size, kind="byte-bpe",
-                        max_sentences=300_000, overwrite=True)
-
+    corpus = jsonl_corpus(cache, a.size_mb)
+    model = (sentencepiece_model(cache, corpus, a.size_mb, a.vocab_size)
+             if SP in a.tokenizers else None)
+    folder = (byte_bpe_tokenizer(cache, corpus, a.size_mb, a.bpe_vocab_size)
+              if HF in a.tokenizers else None)
     batches, stats = load_batches(corpus)
     bytes_ = (stats["text_bytes"], corpus.stat().st_size)
     limits: dict = {}
@@ -363,17 +356,36 @@ def main() -> int:
     finally:
         for limit in limits.values():
             limit.close()
+    return {"args": a, "res": res, "rows": rows, "stats": stats, "bytes": bytes_,
+            "corpus": corpus, "model": model, "folder": folder, "batches": len(batches),
+            "started": started, "load_before": load_before}
 
-    lines: list[str] = []
 
-    def out(line: str = "") -> None:
-        print(line)
-        lines.append(line)
+LEGEND = (
+    "s: median of rounds; MB/s: text bytes for (a)/(d), jsonl bytes for (b)/(c); "
+    "%lim/wkr = 1-thread limit's time / (time x workers); %w-core = the w-process limit's "
+    "time / time; %lim cpu = the 1-thread limit's CPU seconds / the CPU seconds of all "
+    "the row's processes (extra work, whatever the wall clock; other processes on the "
+    "machine do not enter it); vs naive / vs map: the baseline's time / time (map: "
+    "num_proc = the row's workers); other: the cores other processes of this machine kept "
+    "busy during the row, per round (a neighbour on the host does not show there); "
+    "ratios: median over rounds of each round's ratio.")
+LIMITS = (
+    "limits: sentencepiece = Encode(texts, return_type='numpy', num_threads=1), the ids "
+    "as numpy arrays; tokenizer.json = encode_batch_fast(texts) with TOKENIZERS_PARALLELISM"
+    "=false, then .ids of each encoding (Python lists), called on a helper thread while "
+    "the main thread waits (on the main thread it runs slower: the 'on the main thread' "
+    "row). Both on in-memory str batches, the pipeline's chunks (no file reading, no JSON, "
+    "no EOD, nothing written).")
 
-    out(f"corpus {corpus.name} (in {relative(cache)}): {stats['documents']:,} "
+
+def _tables(m: dict, out) -> tuple[dict, list[str]]:
+    """The corpus line, the load line and one table per tokenizer; (rows by kind, problems)."""
+    a, res, stats, bytes_ = m["args"], m["res"], m["stats"], m["bytes"]
+    out(f"corpus {m['corpus'].name} (in {relative(a.cache_dir)}): {stats['documents']:,} "
         f"documents ({stats['non_ascii']:,} non-ASCII), {bytes_[1] / 1e6:.1f} MB jsonl, "
         f"{bytes_[0] / 1e6:.1f} MB of text (avg {bytes_[0] / stats['documents']:,.0f} B/doc, "
-        f"longest {stats['longest']:,} B); {a.repeats} rounds; batches: {len(batches)} (the "
+        f"longest {stats['longest']:,} B); {a.repeats} rounds; batches: {m['batches']} (the "
         f"pipeline's chunks)")
     out("other processes kept " + ", ".join(f"{c:.2f}" for c in res["other_cores"])
         + " cores busy in rounds " + ", ".join(map(str, range(1, a.repeats + 1)))
@@ -381,51 +393,56 @@ def main() -> int:
            if max(res["other_cores"]) > 0.25 else ""))
     by_kind, problems = {}, []
     for kind in a.tokenizers:
-        vocab = load_tokenizer(model if kind == SP else folder).vocab_size
+        vocab = load_tokenizer(m["model"] if kind == SP else m["folder"]).vocab_size
         out()
         out(f"{kind}: {'SentencePiece BPE' if kind == SP else 'byte-level BPE tokenizer.json'}, "
             f"vocabulary {vocab:,}")
-        by_kind[kind] = table(kind, rows, res, out)
+        by_kind[kind] = table(kind, m["rows"], res, out)
         problems += check(kind, a, by_kind[kind], res["summaries"], stats)
         out(f"tokens (limit, without EOD): {by_kind[kind][0]['tokens']:,} "
             f"({bytes_[0] / by_kind[kind][0]['tokens']:.2f} text bytes per token)")
+    return by_kind, problems
+
+
+def report(m: dict) -> int:
+    """Print the tables, the legend, the correctness line and the targets; write ``--out``
+    (with the header) and, with ``--json``, print the rows as JSON. 1 if an output differed."""
+    a = m["args"]
+    lines: list[str] = []
+
+    def out(line: str = "") -> None:
+        print(line)
+        lines.append(line)
+
+    by_kind, problems = _tables(m, out)
     out()
-    out("s: median of rounds; MB/s: text bytes for (a)/(d), jsonl bytes for (b)/(c); "
-        "%lim/wkr = 1-thread limit's time / (time x workers); %w-core = the w-process limit's "
-        "time / time; %lim cpu = the 1-thread limit's CPU seconds / the CPU seconds of all "
-        "the row's processes (extra work, whatever the wall clock; other processes on the "
-        "machine do not enter it); vs naive / vs map: the baseline's time / time (map: "
-        "num_proc = the row's workers); other: the cores other processes of this machine kept "
-        "busy during the row, per round (a neighbour on the host does not show there); "
-        "ratios: median over rounds of each round's ratio.")
-    out("limits: sentencepiece = Encode(texts, return_type='numpy', num_threads=1), the ids "
-        "as numpy arrays; tokenizer.json = encode_batch_fast(texts) with TOKENIZERS_PARALLELISM"
-        "=false, then .ids of each encoding (Python lists), called on a helper thread while "
-        "the main thread waits (on the main thread it runs slower: the 'on the main thread' "
-        "row). Both on in-memory str batches, the pipeline's chunks (no file reading, no JSON, "
-        "no EOD, nothing written).")
+    out(LEGEND)
+    out(LIMITS)
     out("correctness: " + ("outputs byte-identical across workers " f"{a.workers}"
                            + (" and to the naive loop" if SP in a.tokenizers else "")
                            + "; pipeline tokens = limit + EOD count; every (a)/(d) row counts "
                            "the limit's tokens"
                            if not problems else "FAILED: " + "; ".join(problems)))
     results = targets(a, by_kind, out)
-
     header = (header_line(f"tokenizers {version('tokenizers')}, sentencepiece "
                           f"{version('sentencepiece')}, datasets {version('datasets')}",
-                          started=started)
-              + f"\n{load_before}; os.cpu_count() = {os.cpu_count()}\n")
+                          started=m["started"])
+              + f"\n{m['load_before']}; os.cpu_count() = {os.cpu_count()}\n")
     if a.out:
         path = REPO / a.out
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(header + "\n" + "\n".join(lines) + "\n")
         print(f"wrote {a.out}")
     if a.json:
-        print(json.dumps({"corpus": stats, "rows": [r for k in by_kind.values() for r in k],
+        print(json.dumps({"corpus": m["stats"], "rows": [r for k in by_kind.values() for r in k],
                           "targets": results, "problems": problems,
-                          "other_cores": res["other_cores"], "cpu_count": os.cpu_count()},
+                          "other_cores": m["res"]["other_cores"], "cpu_count": os.cpu_count()},
                          indent=2))
     return 1 if problems else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return report(measure(parse_args(argv)))
 
 
 if __name__ == "__main__":

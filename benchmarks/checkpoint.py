@@ -26,12 +26,11 @@ tensors, which bounds the async stall (the staging copy; DCP's copy allocates fr
 memory, so page faults come on top); and sha256 on one core (``hashlib``), the manifest's
 hashing. Each round runs everything once (the sync and the idle async save in alternating
 order); medians over rounds are reported, ratios taken within a round, because the machine's
-disk and CPU are shared and drift (on the VM of the kept run, the same 1.6 GB ``dcp.save``
-took 1.4 s to 5.3 s from one minute to the next).
+disk and CPU are shared and drift (``benchmarks/results/checkpoint.md`` has how much).
 
-Run: ``make bench-checkpoint`` or ``.venv/bin/python benchmarks/bench_checkpoint.py
-[--rounds N] [--quick]`` (``--quick``: a 4-layer hidden-512 model, one round). Writes
-``benchmarks/results/bench_checkpoint.txt``. The default run takes ~2-4 minutes on 2 cores.
+Run: ``make bench-checkpoint`` or ``python -m benchmarks.checkpoint [--rounds N] [--quick]``
+(``--quick``: a 4-layer hidden-512 model, one round). Writes
+``benchmarks/results/bench_checkpoint.txt`` (``--out``).
 """
 
 from __future__ import annotations
@@ -41,7 +40,6 @@ import hashlib
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 import warnings
@@ -49,17 +47,16 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
+from benchmarks.harness.machine import OtherLoad, header_line, machine_report
+from benchmarks.harness.paths import REPO
+from bloomline.trainer.checkpoint import save_checkpoint, saved_state_dict
+from bloomline.trainer.checkpoint_async import AsyncCheckpointer
+from bloomline.trainer.config import Config, OptimizerConfig
+from bloomline.trainer.model import build_model
+from bloomline.trainer.model.config import ModelConfig
+from bloomline.trainer.optim import build_optimizer
 
-from bench_train import machine_report  # noqa: E402
-from machine import REPO, OtherLoad, header_line  # noqa: E402
-
-from bloomline.trainer.checkpoint import save_checkpoint, saved_state_dict  # noqa: E402
-from bloomline.trainer.checkpoint_async import AsyncCheckpointer  # noqa: E402
-from bloomline.trainer.config import Config, OptimizerConfig  # noqa: E402
-from bloomline.trainer.model import build_model  # noqa: E402
-from bloomline.trainer.model.config import ModelConfig  # noqa: E402
-from bloomline.trainer.optim import build_optimizer  # noqa: E402
+__all__ = ["main", "measure", "report"]
 
 SHAPES = {"default": dict(vocab_size=32768, hidden_size=1024, num_layers=8, num_heads=16),
           "quick": dict(vocab_size=8192, hidden_size=512, num_layers=4, num_heads=8)}
@@ -198,7 +195,8 @@ def ratio(rounds: list[dict], num: str, den: str) -> float:
     return statistics.median(r[num] / r[den] for r in rounds)
 
 
-def report(rounds: list[dict], params: int, sha_rate: float, header: str) -> str:
+def format_report(rounds: list[dict], params: int, sha_rate: float, header: str) -> str:
+    """The result text: ``header``, the state and limits, the table and the derived lines."""
     gb = median(rounds, "bytes") / 1e9
     disk_bw = gb / median(rounds, "disk_limit")
     copy_bw = gb / median(rounds, "copy_limit")
@@ -251,16 +249,23 @@ def report(rounds: list[dict], params: int, sha_rate: float, header: str) -> str
     return "\n".join(lines)
 
 
-def main() -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=3, help="steps timed without a save")
     parser.add_argument("--quick", action="store_true", help="small model, one round")
     parser.add_argument("--out", default="benchmarks/results/bench_checkpoint.txt",
                         help="result file, relative to the repository ('' : none)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.quick:
         args.rounds = 1
+    return args
+
+
+def measure(args: argparse.Namespace) -> dict:
+    """Every round (``one_round``'s dicts) with the state's size, sha256's rate and the lines
+    printed meanwhile (the result file repeats them): ``{"rounds", "params", "sha_rate",
+    "printed", "started", "out"}``."""
     warnings.filterwarnings("ignore")
     started = time.perf_counter()
     printed = [machine_report(header=False)]  # the result file repeats what the run printed
@@ -288,14 +293,25 @@ def main() -> int:
                            f"{r['step_during']:.2f} s during a save ({r['steps_during']}); "
                            f"other processes {r['other_cores']:.2f} cores")
             print(printed[-1], flush=True)
-    header = header_line(f"torch {torch.__version__}", started=started)
-    text = report(rounds, model_cfg.num_parameters(), sha_rate, "\n".join([header, *printed]))
+    return {"rounds": rounds, "params": model_cfg.num_parameters(), "sha_rate": sha_rate,
+            "printed": printed, "started": started, "out": args.out}
+
+
+def report(measured: dict) -> int:
+    """Print the result text and write it to ``--out`` (relative to the repository)."""
+    header = header_line(f"torch {torch.__version__}", started=measured["started"])
+    text = format_report(measured["rounds"], measured["params"], measured["sha_rate"],
+                         "\n".join([header, *measured["printed"]]))
     print(text)
-    if args.out:
-        out = REPO / args.out
+    if measured["out"]:
+        out = REPO / measured["out"]
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text + "\n")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return report(measure(parse_args(argv)))
 
 
 if __name__ == "__main__":

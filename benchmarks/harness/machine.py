@@ -1,10 +1,11 @@
 """The machine a benchmark ran on, for its result header, and the load other processes put on it.
 
 A timing means little without the CPU it ran on and the code it ran, so every result file's
-first line names both: ``$ .venv/bin/python benchmarks/X.py ARGS   # DATE UTC, at commit C,
+first line names both: ``$ .venv/bin/python -m benchmarks.X ARGS   # DATE UTC, at commit C,
 N vCPUs MODEL; ...`` (:func:`header_line`). Result files are committed and read elsewhere,
-so nothing printed names an absolute path of this machine (:func:`relative`). Shared by the
-scripts of this folder (``from machine import ...``: a script's folder is on ``sys.path``).
+so nothing printed names an absolute path of this machine (:func:`relative`).
+:func:`machine_report` adds torch's view of the machine and the busiest other processes, for
+the benchmarks that run torch.
 """
 
 from __future__ import annotations
@@ -17,12 +18,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from benchmarks.harness.paths import REPO
 from bloomline.common.machine import cpu_model
 
 __all__ = ["REPO", "OtherLoad", "command_line", "cpu_busy_seconds", "cpu_model", "git_commit",
-           "header_line", "load_average", "relative"]
-
-REPO = Path(__file__).resolve().parents[1]
+           "header_line", "load_average", "machine_report", "relative"]
 
 
 def git_commit() -> str:
@@ -52,15 +52,19 @@ def relative(path: str | os.PathLike) -> str:
 
 
 def command_line(argv: list[str] | None = None) -> str:
-    """``$ .venv/bin/python benchmarks/X.py ARGS``: how this run was started, absolute paths
-    among the arguments shown :func:`relative`."""
+    """``$ .venv/bin/python -m benchmarks.X ARGS``: how this run was started (a module of this
+    package shown in its ``-m`` form), absolute paths among the arguments shown
+    :func:`relative`."""
     def shown(arg: str) -> str:
         option, sep, value = arg.partition("=")
         if sep and option.startswith("-") and os.path.isabs(value):
             return f"{option}={relative(value)}"
         return relative(arg) if os.path.isabs(arg) else arg
     script, *args = sys.argv if argv is None else argv
-    return " ".join(["$ .venv/bin/python", relative(script), *map(shown, args)])
+    shown_script = relative(script)
+    if shown_script.startswith("benchmarks/") and shown_script.endswith(".py"):
+        shown_script = "-m " + shown_script[:-3].replace("/", ".")
+    return " ".join(["$ .venv/bin/python", shown_script, *map(shown, args)])
 
 
 def header_line(*extras: str, started: float | None = None) -> str:
@@ -118,3 +122,33 @@ class OtherLoad:
         wall = time.perf_counter() - self.wall
         other = (cpu_busy_seconds() - self.busy) - (self._own() - self.own)
         return max(other, 0.0) / max(wall, 1e-9)
+
+
+def machine_report(*extras: str, header: bool = True) -> str:
+    """The result header (:func:`header_line`: command, date, commit, CPU model, then torch's
+    version and ``extras``; left out with ``header=False``, for a caller that writes its own),
+    the load before the run and the busiest other processes."""
+    import torch  # only the torch benchmarks call this; the dataprep ones run without torch
+
+    lines = [header_line(f"torch {torch.__version__}", *extras)] if header else []
+    lines.append(f"{load_average('before')}; os.cpu_count() = {os.cpu_count()}, torch threads "
+                 f"= {torch.get_num_threads()}, CPU capability "
+                 f"{torch.backends.cpu.get_cpu_capability()}")
+    try:
+        top = subprocess.run(["top", "-bn1", "-w", "120"], capture_output=True, text=True,
+                             timeout=10).stdout.splitlines()
+        busy = [line for line in top[7:] if line.split() and _cpu_of(line) >= 5.0
+                and line.split()[0] != str(os.getpid())]
+        lines.append("top -bn1, processes above 5% CPU: " +
+                     ("; ".join(" ".join(line.split()[i] for i in (0, 8, 11)) for line in busy[:5])
+                      or "none"))
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return "\n".join(lines)
+
+
+def _cpu_of(line: str) -> float:
+    try:
+        return float(line.split()[8])
+    except (IndexError, ValueError):
+        return 0.0

@@ -1,9 +1,20 @@
-"""Run a function in N CPU processes joined by gloo, the way torchrun would start them.
+"""Run a function in N local CPU processes joined by gloo, the way torchrun would start them.
 
-``run_distributed(nproc, fn, *args)`` sets RANK / LOCAL_RANK / WORLD_SIZE / MASTER_ADDR /
-MASTER_PORT for each spawned process, calls ``fn(*args)`` there, and returns the list of the
-values each rank returned (picklable). A failure on any rank raises here with that rank's
-traceback; a hang is cut by ``timeout`` seconds. ``fn`` must be importable (module level).
+``run_distributed(nproc, fn, *args)`` sets RANK / LOCAL_RANK / WORLD_SIZE / LOCAL_WORLD_SIZE /
+MASTER_ADDR / MASTER_PORT for each spawned process, calls ``fn(*args)`` there, and returns the
+list of the values each rank returned, in rank order. Contract:
+
+- ``fn`` and ``args`` must be picklable by reference (``fn`` defined at a module's top level);
+  the return values must be picklable and are passed back as plain pickles, never as
+  shared-memory tensor handles (those die with the child before the parent opens them);
+- each rank runs with one torch thread, so that N ranks on a few cores do not oversubscribe;
+- a failure on any rank raises ``AssertionError`` here with that rank's traceback, and the
+  other ranks are killed (they are likely blocked in a collective with the failed one);
+- a hang is cut after ``timeout`` seconds per awaited result;
+- a rank that initialized a process group has it destroyed before exiting.
+
+Why a product module: the multi-process tests and the parallelism benchmarks start ranks the
+same way, and neither should import the other's code.
 """
 
 from __future__ import annotations
@@ -15,10 +26,11 @@ import traceback
 
 import torch.multiprocessing as mp
 
-__all__ = ["run_distributed", "free_port"]
+__all__ = ["free_port", "run_distributed"]
 
 
 def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (the OS picks it)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -30,7 +42,7 @@ def _worker(rank: int, nproc: int, port: int, fn, args, queue) -> None:
                        "MASTER_PORT": str(port)})
     import torch
 
-    # nproc processes share 2 cores: one thread each keeps them from oversubscribing
+    # nproc processes share a few cores: one thread each keeps them from oversubscribing
     torch.set_num_threads(1)
     try:
         # plain pickle: torch's queue would pass tensors as shared-memory handles, which die
@@ -46,6 +58,8 @@ def _worker(rank: int, nproc: int, port: int, fn, args, queue) -> None:
 
 
 def run_distributed(nproc: int, fn, *args, timeout: float = 600.0) -> list:
+    """``[fn(*args) on rank 0, ..., on rank nproc - 1]``, each rank a spawned process (see the
+    module docstring for the contract)."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = free_port()
