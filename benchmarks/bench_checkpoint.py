@@ -55,7 +55,7 @@ from bench_train import machine_report  # noqa: E402
 from machine import REPO, OtherLoad, header_line  # noqa: E402
 
 from bloomline.trainer.checkpoint import save_checkpoint, saved_state_dict  # noqa: E402
-from bloomline.trainer.checkpoint_async import AsyncCheckpointer  # noqa: E402
+from bloomline.trainer.checkpoint.async_save import AsyncCheckpointer  # noqa: E402
 from bloomline.trainer.config import Config, OptimizerConfig  # noqa: E402
 from bloomline.trainer.model import build_model  # noqa: E402
 from bloomline.trainer.model.config import ModelConfig  # noqa: E402

@@ -24,8 +24,8 @@ from trainer_fixtures import tiny_config, write_corpus
 from bloomline.common.config import to_toml
 from bloomline.common.errors import UserError
 from bloomline.trainer import checkpoint as ckpt
-from bloomline.trainer.checkpoint_async import AsyncCheckpointer
-from bloomline.trainer.checkpoint_manifest import MANIFEST, verify_checkpoint, write_manifest
+from bloomline.trainer.checkpoint.async_save import AsyncCheckpointer
+from bloomline.trainer.checkpoint.manifest import MANIFEST, verify_checkpoint, write_manifest
 from bloomline.trainer.loop import Trainer
 
 # DCP warns that it saves in one process; the async save does it from a background thread

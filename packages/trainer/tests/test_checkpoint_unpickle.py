@@ -29,8 +29,8 @@ from trainer_fixtures import tiny_config, write_corpus
 from bloomline.common.config import to_toml
 from bloomline.common.errors import UserError
 from bloomline.trainer import checkpoint as ckpt
-from bloomline.trainer.checkpoint_manifest import MANIFEST, verify_checkpoint, write_manifest
-from bloomline.trainer.checkpoint_metadata import (
+from bloomline.trainer.checkpoint.manifest import MANIFEST, verify_checkpoint, write_manifest
+from bloomline.trainer.checkpoint.metadata import (
     ALLOWED_GLOBALS,
     CheckpointReader,
     TamperedCheckpointError,
@@ -188,7 +188,7 @@ def test_payloads_run_code_under_dcps_own_loader(made, tmp_path, monkeypatch):
     checkpoints, and DCP's own reader and planner must load them and create the marker."""
     import torch.distributed.checkpoint as dcp
 
-    import bloomline.trainer.checkpoint_metadata as checkpoint_metadata
+    import bloomline.trainer.checkpoint.metadata as checkpoint_metadata
 
     for kind in ("metadata", "value"):
         checkpoint, marker = _tampered(made, tmp_path / kind, kind)
@@ -427,7 +427,7 @@ def test_every_checkpoint_read_in_the_product_goes_through_the_restricted_reader
                     and node.module.startswith("torch.distributed.checkpoint")
                     and {a.name for a in node.names} & {"load", "load_state_dict",
                                                         "FileSystemReader"}
-                    and path.name != "checkpoint_metadata.py"):
+                    and not path.as_posix().endswith("trainer/checkpoint/metadata.py")):
                 offenders.append(f"{path.relative_to(REPO)}:{node.lineno}: imports DCP's load")
             if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
                 continue
@@ -443,7 +443,7 @@ def test_every_checkpoint_read_in_the_product_goes_through_the_restricted_reader
                     and keywords["weights_only"].value is True):
                 offenders.append(f"{where}: torch.load without weights_only=True")
             if (owner == "pickle" and node.func.attr in ("load", "loads", "Unpickler")
-                    and "trainer" in path.parts and path.name != "checkpoint_metadata.py"):
+                    and "trainer" in path.parts and not path.as_posix().endswith("trainer/checkpoint/metadata.py")):
                 offenders.append(f"{where}: pickle.{node.func.attr}")
             if node.func.attr == "FileSystemReader":
                 offenders.append(f"{where}: DCP's FileSystemReader")
