@@ -1,4 +1,4 @@
-"""model/attention_core.py: the hand-written eager CPU attention node against autograd over the
+"""kernels/cpu/attention_core.py: the hand-written eager CPU attention node against autograd over the
 plain formula, and when the model uses it."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from trainer_fixtures import grad_fn_names
 
 from bloomline.trainer.model import ModelConfig, alibi_bias, alibi_slopes
 from bloomline.trainer.model.attention import Attention
-from bloomline.trainer.model.attention_core import (
+from bloomline.trainer.kernels.cpu.attention_core import (
     alibi_attention_core,
     attention_probabilities,
 )

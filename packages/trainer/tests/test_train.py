@@ -11,7 +11,7 @@ import torch
 from bloomline.common.errors import UserError
 from bloomline.trainer.checkpoint import latest_checkpoint
 from bloomline.trainer.loop import Trainer
-from bloomline.trainer.model import linear
+from bloomline.trainer.kernels.cpu import linear
 
 
 def _records(run_dir, kind="train"):

@@ -14,7 +14,7 @@ from pathlib import Path
 from bloomline.common.config import check_ranges, load_config, ranged
 from bloomline.common.errors import UserError
 from bloomline.trainer.model.config import ModelConfig
-from bloomline.trainer.model.linear import CPU_FP32_MATMUL_CHOICES
+from bloomline.trainer.kernels.cpu.linear import CPU_FP32_MATMUL_CHOICES
 from bloomline.trainer.model_source import resolve_model_settings
 
 __all__ = ["Config", "DataConfig", "TrainConfig", "PrecisionConfig", "OptimizerConfig",
@@ -98,7 +98,7 @@ class TrainConfig:
     up to 1.2x faster CPU steps. Off: the allocator's defaults."""
     cpu_fp32_matmul: str = ranged("auto", choices=CPU_FP32_MATMUL_CHOICES)
     """Kernels of fp32 linear layers on CPU: aten (MKL), onednn, or auto (oneDNN on AMD CPUs,
-    where it is ~10% faster, else ATen; see trainer/model/linear.py)."""
+    where it is ~10% faster, else ATen; see trainer/kernels/cpu/linear.py)."""
 
 
 @dataclass

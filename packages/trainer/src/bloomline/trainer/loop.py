@@ -52,7 +52,7 @@ from bloomline.trainer.metrics import (
     thermometer_readings,
 )
 from bloomline.trainer.model import build_model, padded_vocab_size
-from bloomline.trainer.model.linear import configure_cpu_fp32_matmul
+from bloomline.trainer.kernels.cpu.linear import configure_cpu_fp32_matmul
 from bloomline.trainer.model_source import load_initial_weights, resolve_model_settings
 from bloomline.trainer.optim import build_optimizer, learning_rate
 from bloomline.trainer.parallel import (

@@ -32,10 +32,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from bloomline.trainer.model.alibi import alibi_slopes, cached_alibi_bias
-from bloomline.trainer.model.attention_core import alibi_attention_core, uses_core
+from bloomline.trainer.kernels.cpu.attention_core import alibi_attention_core, uses_core
 from bloomline.trainer.model.config import ModelConfig
 from bloomline.trainer.model.layers import compute_dtype
-from bloomline.trainer.model.linear import Linear
+from bloomline.trainer.kernels.cpu.linear import Linear
 
 __all__ = ["Attention", "resolve_kernel", "softmax_dtype"]
 

@@ -18,9 +18,9 @@ from torch import nn
 
 from bloomline.trainer.model.attention import Attention
 from bloomline.trainer.model.config import ModelConfig
-from bloomline.trainer.model.gelu import bloom_gelu
+from bloomline.trainer.kernels.cpu.gelu import bloom_gelu
 from bloomline.trainer.model.layers import LayerNorm, compute_dtype
-from bloomline.trainer.model.linear import Linear, linear
+from bloomline.trainer.kernels.cpu.linear import Linear, linear
 from bloomline.trainer.model.loss import linear_cross_entropy
 
 __all__ = ["GPT", "MLP", "Block", "build_model"]

@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from bloomline.trainer.model.linear import linear, linear_weight_grad, matmul_2d
+from bloomline.trainer.kernels.cpu.linear import linear, linear_weight_grad, matmul_2d
 
 __all__ = ["LinearCrossEntropy", "linear_cross_entropy"]
 
