@@ -84,6 +84,9 @@ def bloom_config(cfg: ModelConfig, vocab_size: int | None = None, *,
     if cfg.hidden_size % cfg.num_heads:
         raise HFInteropError(f"model.num_heads {cfg.num_heads}: does not divide "
                              f"model.hidden_size {cfg.hidden_size}")
+    if cfg.position_encoding != "alibi":  # BloomForCausalLM has ALiBi and nothing else
+        raise HFInteropError(f"model.position_encoding {cfg.position_encoding!r}: BLOOM "
+                             "has ALiBi only")
     return {
         "model_type": "bloom",
         "architectures": ["BloomForCausalLM"],

@@ -31,11 +31,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bloomline.trainer.model.alibi import alibi_slopes, cached_alibi_bias
 from bloomline.trainer.kernels.cpu.attention_core import alibi_attention_core, uses_core
+from bloomline.trainer.kernels.cpu.linear import Linear
 from bloomline.trainer.model.config import ModelConfig
 from bloomline.trainer.model.layers import compute_dtype
-from bloomline.trainer.kernels.cpu.linear import Linear
+from bloomline.trainer.model.position import position_encoding
 
 __all__ = ["Attention", "resolve_kernel", "softmax_dtype"]
 
@@ -87,6 +87,7 @@ class Attention(nn.Module):
         self.kernel = cfg.attention
         self.softmax_fp32 = cfg.softmax_fp32
         self.dropout = cfg.attention_dropout
+        self.position = position_encoding(cfg.position_encoding)
         local = self.num_heads * self.head_dim
         self.query_key_value = Linear(cfg.hidden_size, 3 * local)
         self.dense = Linear(local, cfg.hidden_size)
@@ -94,18 +95,15 @@ class Attention(nn.Module):
         self.track_max_logit = False
         self.max_logit: torch.Tensor | None = None
 
-    def slopes(self, device: torch.device) -> torch.Tensor:
-        return alibi_slopes(self.total_heads, self.head_start,
-                            self.head_start + self.num_heads).to(device)
-
     def _bias(self, seq_length: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-        return cached_alibi_bias(self.total_heads, self.head_start,
-                                 self.head_start + self.num_heads, seq_length, str(device), dtype)
+        return self.position.bias(self.total_heads, self.head_start,
+                                  self.head_start + self.num_heads, seq_length, str(device),
+                                  dtype)
 
     def bias_for(self, seq_length: int, device: torch.device) -> torch.Tensor | None:
-        """The ALiBi+causal bias this layer's kernel adds ([heads, L, L]; None for flex, which
-        computes it in its score_mod). Built outside the layer's forward so that a compiled
-        layer takes it as an input instead of tracing the cache."""
+        """The position encoding's causal bias this layer's kernel adds ([heads, L, L]; None
+        for flex, which computes it in its score_mod). Built outside the layer's forward so
+        that a compiled layer takes it as an input instead of tracing the cache."""
         kernel = resolve_kernel(self.kernel, device)
         if kernel == "flex":
             return None
@@ -124,11 +122,15 @@ class Attention(nn.Module):
         qkv = self.query_key_value(x)  # [b, L, heads * 3 * head_dim]
         if self.track_max_logit:
             q, k, _ = self._split_heads(qkv)
+            if self.position.rotates_qk:
+                q, k = self.position.rotate(q, k)
             self.max_logit = self._max_logit(q, k)
         dropout = self.dropout if self.training else 0.0
         if kernel == "eager":
             return self.dense(self._eager(qkv, bias, dropout))
         q, k, v = self._split_heads(qkv)
+        if self.position.rotates_qk:
+            q, k = self.position.rotate(q, k)
         if kernel == "sdpa":
             # a 4-D mask keeps the fused CPU kernel (a 3-D one falls back to the generic path,
             # which upcasts bf16 to fp32: 1.8x slower, bench_train --diagnose)
@@ -153,9 +155,11 @@ class Attention(nn.Module):
         """The eager kernel, [b, L, heads * 3 * head_dim] -> [b, L, heads * head_dim]: the unit
         that selective activation checkpointing recomputes. On CPU without dropout the
         hand-written node of attention_core.py; otherwise autograd over the ops below."""
-        if uses_core(qkv, bias, dropout):
+        if not self.position.rotates_qk and uses_core(qkv, bias, dropout):
             return alibi_attention_core(qkv, bias, self.num_heads)
         q, k, v = self._split_heads(qkv)
+        if self.position.rotates_qk:
+            q, k = self.position.rotate(q, k)
         # the scale goes on q (L x d) rather than on the scores (L x L)
         scores = torch.matmul(q * (1.0 / math.sqrt(self.head_dim)), k.transpose(-1, -2))
         dtype = softmax_dtype(scores.dtype, scores.device, self.softmax_fp32)
@@ -171,13 +175,10 @@ class Attention(nn.Module):
         if self.dropout and self.training:
             raise ValueError("model.attention = 'flex' has no attention dropout; use sdpa or "
                              "eager, or set model.attention_dropout = 0")
-        slopes = self.slopes(q.device)
-
-        def alibi(score, b, h, q_idx, kv_idx):
-            return score + slopes[h] * (kv_idx - q_idx)
-
+        score_mod = self.position.score_mod(self.total_heads, self.head_start,
+                                            self.head_start + self.num_heads, q.device)
         mask = _causal_block_mask(q.shape[2], str(q.device))
-        return _compiled_flex_attention()(q, k, v, score_mod=alibi, block_mask=mask)
+        return _compiled_flex_attention()(q, k, v, score_mod=score_mod, block_mask=mask)
 
     @torch.no_grad()
     def _max_logit(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:

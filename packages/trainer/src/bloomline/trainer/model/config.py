@@ -46,6 +46,9 @@ class ModelConfig:
     softmax in fp32 for bf16/fp16 inputs by construction)."""
     residual_fp32: bool = True
     """Keep the residual stream in fp32 between blocks (BLOOM's fp32 residual connection)."""
+    position_encoding: str = ranged("alibi", choices=("alibi",))
+    """How attention learns token positions (model/position.py): alibi, a per-head linear
+    penalty on query-key distance (BLOOM's). The only one today."""
     attention: str = ranged("auto", choices=("auto", "sdpa", "flex", "eager"))
     """Attention kernel: sdpa (scaled_dot_product_attention with an additive ALiBi bias), flex
     (FlexAttention with an ALiBi score_mod and a causal block mask; compiled; the GPU path),
