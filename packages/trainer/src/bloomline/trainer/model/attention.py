@@ -1,25 +1,25 @@
-"""Causal self-attention with ALiBi, three interchangeable kernels.
+"""Causal self-attention (positions from ALiBi), three interchangeable kernels.
 
 The fused QKV projection is laid out per head as [heads, 3, head_dim] (BLOOM's layout), so a
 column-wise tensor-parallel split of it is a split by heads and HF checkpoints map 1:1.
 
 Kernels (``ModelConfig.attention``; ``auto`` picks eager on CPU and flex on CUDA):
-- ``sdpa``: ``F.scaled_dot_product_attention`` with the ALiBi+causal bias as an additive mask
-  (the fused CPU kernel accumulates the softmax in fp32, but its backward with a mask is slow
-  on CPU: 1.6x the eager ops at b8 h6 L256 d64 in bf16).
-- ``flex``: FlexAttention with an ALiBi ``score_mod`` and a causal ``BlockMask`` (compiled; on
-  GPU it skips the masked blocks instead of materializing an L x L bias).
+- ``sdpa``: ``F.scaled_dot_product_attention`` with the position encoding's causal bias as an
+  additive mask (the fused CPU kernel accumulates the softmax in fp32, but its backward with
+  a mask is slower on CPU than the eager ops).
+- ``flex``: FlexAttention with the encoding's ``score_mod`` and a causal ``BlockMask``
+  (compiled; on GPU it skips the masked blocks instead of materializing an L x L bias).
 - ``eager``: explicit matmul, bias add, softmax (fp32 arithmetic with ``softmax_fp32``),
   matmul (the CPU choice). On CPU the scores stay in the compute dtype: ATen's CPU softmax
   computes bf16/fp16 inputs in fp32 and rounds only its output, bitwise what upcasting first
   gives (a test checks it), so no fp32 L x L tensor is written and the backward runs in bf16,
   as Megatron's fused softmax kernels do; the bias is then added in bf16 (exact for
   power-of-two slopes up to L = 256; elsewhere off by at most 2^-9 of its value, which is
-  largest where the softmax weight exp(bias) is smallest). In the bench_train step this saves
-  ~30 ms of ~700 in bf16 against the fp32 round trip. Other devices upcast the scores.
+  largest where the softmax weight exp(bias) is smallest). Other devices upcast the scores.
   On CPU without dropout the core is one hand-written autograd node
-  (``attention_core.py``: fewer layout copies, no subnormal fp32 probabilities).
-They agree within bf16/fp32 tolerance (tests/test_alibi_attention.py).
+  (``kernels/cpu/attention_core.py``: fewer layout copies, no subnormal fp32 probabilities).
+They agree within bf16/fp32 tolerance (tests/test_alibi_attention.py). Positions come from
+``model/position.py`` (ALiBi). Measurements: docs/perf/cpu-kernels.md.
 """
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ class Attention(nn.Module):
             q, k = self.position.rotate(q, k)
         if kernel == "sdpa":
             # a 4-D mask keeps the fused CPU kernel (a 3-D one falls back to the generic path,
-            # which upcasts bf16 to fp32: 1.8x slower, bench_train --diagnose)
+            # which upcasts bf16 to fp32; docs/perf/cpu-kernels.md)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias[None].to(q.dtype),
                                                  dropout_p=dropout)
         else:
@@ -154,7 +154,7 @@ class Attention(nn.Module):
     def _eager(self, qkv: torch.Tensor, bias: torch.Tensor, dropout: float) -> torch.Tensor:
         """The eager kernel, [b, L, heads * 3 * head_dim] -> [b, L, heads * head_dim]: the unit
         that selective activation checkpointing recomputes. On CPU without dropout the
-        hand-written node of attention_core.py; otherwise autograd over the ops below."""
+        hand-written node of kernels/cpu/attention_core.py; otherwise autograd over the ops below."""
         if not self.position.rotates_qk and uses_core(qkv, bias, dropout):
             return alibi_attention_core(qkv, bias, self.num_heads)
         q, k, v = self._split_heads(qkv)
