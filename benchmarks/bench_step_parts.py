@@ -57,7 +57,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_train as bt  # noqa: E402  (the same model, batch and Trainer config)
 
+from bloomline.trainer.kernels.cpu import linear as linear_layers  # noqa: E402
 from bloomline.trainer.loop import Trainer  # noqa: E402
+from bloomline.trainer.mfu import measure_peak_flops  # noqa: E402
 from bloomline.trainer.model import (  # noqa: E402
     attention,
     attention_core,
@@ -66,8 +68,6 @@ from bloomline.trainer.model import (  # noqa: E402
     layers,
     loss,
 )
-from bloomline.trainer.kernels.cpu import linear as linear_layers  # noqa: E402
-from bloomline.trainer.mfu import measure_peak_flops  # noqa: E402
 from bloomline.trainer.precision import fast_low_precision  # noqa: E402
 
 TOKENS = bt.MBS * bt.SEQ

@@ -86,11 +86,11 @@ from machine import OtherLoad, header_line, load_average, relative
 
 from bloomline.trainer.config import Config
 from bloomline.trainer.data import MegatronSampler, make_loader, open_splits
-from bloomline.trainer.malloc import tune_malloc
 from bloomline.trainer.loop import Trainer
+from bloomline.trainer.malloc import tune_malloc
+from bloomline.trainer.mfu import measure_peak_flops
 from bloomline.trainer.model import build_model
 from bloomline.trainer.optim import build_optimizer
-from bloomline.trainer.mfu import measure_peak_flops
 from bloomline.trainer.precision import fast_low_precision
 
 LAYERS, HIDDEN, HEADS, SEQ, VOCAB, MBS = 6, 384, 6, 256, 8064, 8

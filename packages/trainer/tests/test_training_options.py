@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from bloomline.common.errors import UserError
-from bloomline.trainer.loop import Trainer
 from bloomline.trainer.kernels.cpu import linear
+from bloomline.trainer.loop import Trainer
 from bloomline.trainer.optim import Lamb
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from bloomline.common.config import check_ranges, load_config, ranged
 from bloomline.common.errors import UserError
-from bloomline.trainer.model.config import ModelConfig
 from bloomline.trainer.kernels.cpu.linear import CPU_FP32_MATMUL_CHOICES
+from bloomline.trainer.model.config import ModelConfig
 from bloomline.trainer.model_source import resolve_model_settings
 
 __all__ = ["Config", "DataConfig", "TrainConfig", "PrecisionConfig", "OptimizerConfig",

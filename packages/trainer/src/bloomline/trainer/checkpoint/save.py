@@ -52,7 +52,6 @@ from bloomline.trainer.checkpoint.layout import (
     list_checkpoints,
 )
 from bloomline.trainer.checkpoint.manifest import (
-    MANIFEST,
     fsync_dir,
     verify_checkpoint,
     write_manifest,

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import functools
 import math
-
 from collections.abc import Callable
 
 import torch

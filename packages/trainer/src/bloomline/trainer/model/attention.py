@@ -154,7 +154,8 @@ class Attention(nn.Module):
     def _eager(self, qkv: torch.Tensor, bias: torch.Tensor, dropout: float) -> torch.Tensor:
         """The eager kernel, [b, L, heads * 3 * head_dim] -> [b, L, heads * head_dim]: the unit
         that selective activation checkpointing recomputes. On CPU without dropout the
-        hand-written node of kernels/cpu/attention_core.py; otherwise autograd over the ops below."""
+        hand-written node of kernels/cpu/attention_core.py; otherwise autograd over the ops
+        below."""
         if not self.position.rotates_qk and uses_core(qkv, bias, dropout):
             return alibi_attention_core(qkv, bias, self.num_heads)
         q, k, v = self._split_heads(qkv)

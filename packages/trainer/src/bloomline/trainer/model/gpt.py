@@ -16,11 +16,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bloomline.trainer.kernels.cpu.gelu import bloom_gelu
+from bloomline.trainer.kernels.cpu.linear import Linear, linear
 from bloomline.trainer.model.attention import Attention
 from bloomline.trainer.model.config import ModelConfig
-from bloomline.trainer.kernels.cpu.gelu import bloom_gelu
 from bloomline.trainer.model.layers import LayerNorm, compute_dtype
-from bloomline.trainer.kernels.cpu.linear import Linear, linear
 from bloomline.trainer.model.loss import linear_cross_entropy
 
 __all__ = ["GPT", "MLP", "Block", "build_model"]
