@@ -2,9 +2,9 @@
 
 Contract: checkpoint ``N`` of a run is ``RUN/checkpoints/step_NNNNNNNN/`` (eight digits, so
 names sort by step), written first as the hidden ``.step_NNNNNNNN.partial``; a folder counts
-as a checkpoint once it has its final name and a manifest. Why a module of its own: saving
-(``save.py``, ``async_save.py``) and the cleanup of a failed save (``failure.py``) all need
-these names, and none of them should import another for them.
+as a checkpoint once it has its final name and a manifest. Why a module of its own: the save
+(``save.py``, ``async_save.py``) calls the cleanup of a failed save (``failure.py``), and
+both need these names; kept here, the cleanup never imports the save.
 """
 
 from __future__ import annotations
