@@ -50,7 +50,7 @@ import torch
 from benchmarks.harness.machine import OtherLoad, header_line, machine_report
 from benchmarks.harness.paths import REPO
 from bloomline.trainer.checkpoint import save_checkpoint, saved_state_dict
-from bloomline.trainer.checkpoint_async import AsyncCheckpointer
+from bloomline.trainer.checkpoint.async_save import AsyncCheckpointer
 from bloomline.trainer.config import Config, OptimizerConfig
 from bloomline.trainer.model import build_model
 from bloomline.trainer.model.config import ModelConfig

@@ -6,7 +6,7 @@ model, batch and ``Trainer`` from ``harness.train_setup``), for whoever chases i
     (median of 5 runs of 10) and summed: per layer the QKV, attention-output, fc1 and fc2
     products (forward, input gradient, weight gradient) and attention's two batched products
     (forward and two backward each); once the tied head's three. The linear products run
-    where the step runs them (in fp32 on ``model/linear.py``'s choice for this CPU). Reported
+    where the step runs them (in fp32 on ``kernels/cpu/linear.py``'s choice for this CPU). Reported
     as tokens/s were the step nothing but these matmuls, next to the 1024^3 matmul peak
     ``benchmarks.train`` divides by (its "limit"), and the real step measured in the same run.
 (2) In-situ costs: one ``Trainer`` runs the real step and the same step with one part taken
@@ -17,22 +17,22 @@ model, batch and ``Trainer`` from ``harness.train_setup``), for whoever chases i
     same parts misled (``benchmarks/results/step_parts.md`` has the case). The parts:
       gelu       the MLP's tanh-GELU (replaced by the identity);
       softmax    attention's bias add and softmax, forward and backward, in the core of
-                 ``model/attention_core.py`` (the scores pass through);
+                 ``kernels/cpu/attention_core.py`` (the scores pass through);
       layernorm  every LayerNorm (replaced by a cast to the compute dtype);
       head loop  the fused head's fp32 log-sum-exp, loss and gradient loop (``model/loss.py``:
                  only its three matmuls remain).
 (3) What our kernels save against what they replaced, the same paired way, the replacement
     running in the "without" step (the row reports its extra time, so positive = ours saves):
-      aten gelu    ATen's tanh-form GELU instead of ``model/gelu.py``'s compiled sigmoid form;
+      aten gelu    ATen's tanh-form GELU instead of ``kernels/cpu/gelu.py``'s compiled sigmoid form;
       fp32 scores  attention scores upcast to fp32 before the bias and softmax (and the
                    probabilities cast back) instead of staying bf16 on CPU (a no-op in fp32);
                    an fp32 bias also sends attention down the autograd path (next rows);
       other linears the linear layers' and the head's fp32 products on the backend
                    ``cpu_fp32_matmul = "auto"`` did not choose for this CPU (oneDNN on
-                   Intel, ATen's MKL sgemm on AMD; ``model/linear.py``): what that choice
+                   Intel, ATen's MKL sgemm on AMD; ``kernels/cpu/linear.py``): what that choice
                    saves. A no-op in bf16, whose products ATen already runs on oneDNN.
       autograd core attention's core as autograd over views instead of the hand-written
-                   node of ``model/attention_core.py`` (layout copies; in fp32 also the
+                   node of ``kernels/cpu/attention_core.py`` (layout copies; in fp32 also the
                    subnormal probabilities it floors).
 
 Run: ``make bench-step-parts`` or ``python -m benchmarks.step_parts [--pairs N]`` (run time
@@ -54,18 +54,12 @@ import torch
 from benchmarks.harness import train_setup as bt  # the same model, batch and Trainer config
 from benchmarks.harness.machine import machine_report
 from benchmarks.harness.table import print_table
+from bloomline.trainer.kernels.cpu import attention_core, gelu
+from bloomline.trainer.kernels.cpu import linear as linear_layers
 from bloomline.trainer.loop import Trainer
 from bloomline.trainer.malloc import tune_malloc
 from bloomline.trainer.mfu import measure_peak_flops
-from bloomline.trainer.model import (
-    attention,
-    attention_core,
-    gelu,
-    gpt,
-    layers,
-    loss,
-)
-from bloomline.trainer.model import linear as linear_layers
+from bloomline.trainer.model import attention, gpt, layers, loss
 from bloomline.trainer.precision import fast_low_precision
 
 __all__ = ["main", "measure", "report"]

@@ -102,8 +102,8 @@ from benchmarks.tokenize_cluster_steps import (
     write_fsync,
 )
 from bloomline.dataprep.indexed_dataset import IndexedDataset, merge_indexed_datasets
-from bloomline.dataprep.tokenize_corpus import tokenize_corpus
 from bloomline.dataprep.sources import DEFAULT_CHUNK_BYTES
+from bloomline.dataprep.tokenize_corpus import tokenize_corpus
 from bloomline.dataprep.tokenizer import load_tokenizer
 
 __all__ = ["main", "measure", "report"]

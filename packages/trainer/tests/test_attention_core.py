@@ -1,5 +1,5 @@
-"""model/attention_core.py: the hand-written eager CPU attention node against autograd over the
-plain formula, and when the model uses it."""
+"""kernels/cpu/attention_core.py: the hand-written eager CPU attention node against autograd
+over the plain formula, and when the model uses it."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ import pytest
 import torch
 from trainer_fixtures import grad_fn_names
 
-from bloomline.trainer.model import ModelConfig, alibi_bias, alibi_slopes
-from bloomline.trainer.model.attention import Attention
-from bloomline.trainer.model.attention_core import (
+from bloomline.trainer.kernels.cpu.attention_core import (
     alibi_attention_core,
     attention_probabilities,
 )
+from bloomline.trainer.model import ModelConfig, alibi_bias, alibi_slopes
+from bloomline.trainer.model.attention import Attention
 
 HEADS, HEAD_DIM = 6, 8  # 6 heads: non-power-of-two slopes, the steepest 0.5
 

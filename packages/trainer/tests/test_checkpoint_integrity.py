@@ -18,15 +18,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from bloomline.trainer.parallel.local_processes import run_distributed
 from trainer_fixtures import tiny_config, write_corpus
 
 from bloomline.common.config_loader import to_toml
 from bloomline.common.errors import UserError
 from bloomline.trainer import checkpoint as ckpt
-from bloomline.trainer.checkpoint_async import AsyncCheckpointer
-from bloomline.trainer.checkpoint_manifest import MANIFEST, verify_checkpoint, write_manifest
+from bloomline.trainer.checkpoint.async_save import AsyncCheckpointer
+from bloomline.trainer.checkpoint.manifest import MANIFEST, verify_checkpoint, write_manifest
 from bloomline.trainer.loop import Trainer
+from bloomline.trainer.parallel.local_processes import run_distributed
 
 # DCP warns that it saves in one process; the async save does it from a background thread
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")

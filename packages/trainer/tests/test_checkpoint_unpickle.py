@@ -23,14 +23,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from bloomline.trainer.parallel.local_processes import run_distributed
 from trainer_fixtures import tiny_config, write_corpus
 
 from bloomline.common.config_loader import to_toml
 from bloomline.common.errors import UserError
 from bloomline.trainer import checkpoint as ckpt
-from bloomline.trainer.checkpoint_manifest import MANIFEST, verify_checkpoint, write_manifest
-from bloomline.trainer.checkpoint_metadata import (
+from bloomline.trainer.checkpoint.manifest import MANIFEST, verify_checkpoint, write_manifest
+from bloomline.trainer.checkpoint.metadata import (
     ALLOWED_GLOBALS,
     CheckpointReader,
     TamperedCheckpointError,
@@ -38,6 +37,7 @@ from bloomline.trainer.checkpoint_metadata import (
     unpickle_metadata,
 )
 from bloomline.trainer.loop import Trainer
+from bloomline.trainer.parallel.local_processes import run_distributed
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
@@ -182,13 +182,18 @@ def _assert_refused(line: str, checkpoint: Path, kind: str, marker: Path) -> Non
     assert not marker.exists()
 
 
+def _is_metadata_reader(path) -> bool:
+    """Whether ``path`` is the one module allowed to read DCP's pickles itself."""
+    return path.as_posix().endswith("trainer/checkpoint/metadata.py")
+
+
 def test_payloads_run_code_under_dcps_own_loader(made, tmp_path, monkeypatch):
     """Bug this guards against: payloads that would not run anyway (the refusal tests would
     pass on an unprotected loader). The manifest's checks alone must pass on both tampered
     checkpoints, and DCP's own reader and planner must load them and create the marker."""
     import torch.distributed.checkpoint as dcp
 
-    import bloomline.trainer.checkpoint_metadata as checkpoint_metadata
+    import bloomline.trainer.checkpoint.metadata as checkpoint_metadata
 
     for kind in ("metadata", "value"):
         checkpoint, marker = _tampered(made, tmp_path / kind, kind)
@@ -427,7 +432,7 @@ def test_every_checkpoint_read_in_the_product_goes_through_the_restricted_reader
                     and node.module.startswith("torch.distributed.checkpoint")
                     and {a.name for a in node.names} & {"load", "load_state_dict",
                                                         "FileSystemReader"}
-                    and path.name != "checkpoint_metadata.py"):
+                    and not _is_metadata_reader(path)):
                 offenders.append(f"{path.relative_to(REPO)}:{node.lineno}: imports DCP's load")
             if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
                 continue
@@ -443,7 +448,7 @@ def test_every_checkpoint_read_in_the_product_goes_through_the_restricted_reader
                     and keywords["weights_only"].value is True):
                 offenders.append(f"{where}: torch.load without weights_only=True")
             if (owner == "pickle" and node.func.attr in ("load", "loads", "Unpickler")
-                    and "trainer" in path.parts and path.name != "checkpoint_metadata.py"):
+                    and "trainer" in path.parts and not _is_metadata_reader(path)):
                 offenders.append(f"{where}: pickle.{node.func.attr}")
             if node.func.attr == "FileSystemReader":
                 offenders.append(f"{where}: DCP's FileSystemReader")

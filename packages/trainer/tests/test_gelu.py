@@ -7,7 +7,7 @@ import warnings
 import pytest
 import torch
 
-from bloomline.trainer.model import gelu
+from bloomline.trainer.kernels.cpu import gelu
 
 # above FUSED_MIN_ELEMENTS, so the compiled kernel runs; an odd last size exercises the
 # vectorized loop's remainder

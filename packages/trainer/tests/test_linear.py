@@ -1,4 +1,4 @@
-"""model/linear.py: fp32 CPU linear layers on oneDNN where chosen, ATen everywhere else."""
+"""kernels/cpu/linear.py: fp32 CPU linear layers on oneDNN where chosen, ATen everywhere else."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from trainer_fixtures import grad_fn_names
 
-from bloomline.trainer.model import linear as lin
+from bloomline.trainer.kernels.cpu import linear as lin
 
 # a torch with oneDNN but without its linear op runs, and fails here on purpose: the fallback
 # is correct but gives up the fp32 speed, which someone should notice

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from bloomline.trainer.parallel.local_processes import run_distributed
 from trainer_fixtures import write_corpus
 
 from bloomline.trainer.config import Config
 from bloomline.trainer.loop import Trainer
+from bloomline.trainer.parallel.local_processes import run_distributed
 
 STEPS, SAVED_AT = 6, 3
 

@@ -13,7 +13,6 @@ import random
 
 import pytest
 import torch
-from bloomline.trainer.parallel.local_processes import run_distributed
 from equivalence import (
     VOCAB,
     assert_same_training,
@@ -25,6 +24,7 @@ from pipeline_workers import resume_run, train_evaluate_inspect
 from bloomline.trainer.model import build_model
 from bloomline.trainer.model.config import ModelConfig
 from bloomline.trainer.parallel.activation_checkpoint import apply_activation_checkpointing
+from bloomline.trainer.parallel.local_processes import run_distributed
 from bloomline.trainer.parallel.partition import (
     balanced_split,
     layer_costs,

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from bloomline.trainer.parallel.local_processes import run_distributed
 from equivalence import (
     GBS,
     LR,
@@ -29,6 +28,7 @@ from equivalence import (
 )
 
 from bloomline.trainer.model import alibi_slopes
+from bloomline.trainer.parallel.local_processes import run_distributed
 
 ADAM = {"optimizer": {"eps": 1e-6}}
 
@@ -48,7 +48,8 @@ def _train_and_probe(sections: dict) -> dict:
     result["valid_loss"] = trainer.evaluate(list(batch), GBS)["valid_loss"]
     model = trainer.model
     result["heads"] = [(b.self_attention.head_start, b.self_attention.num_heads,
-                        b.self_attention.slopes(torch.device("cpu")))
+                        alibi_slopes(b.self_attention.total_heads, b.self_attention.head_start,
+                                     b.self_attention.head_start + b.self_attention.num_heads))
                        for b in model.h.values()]
     result["bias_shape"] = tuple(model.attention_bias(SEQ, torch.device("cpu")).shape)
     result["tp_rank"] = trainer.layout.tp_rank

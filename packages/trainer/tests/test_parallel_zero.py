@@ -23,7 +23,6 @@ import math
 
 import pytest
 import torch
-from bloomline.trainer.parallel.local_processes import run_distributed
 from equivalence import (
     GBS,
     LR,
@@ -34,6 +33,8 @@ from equivalence import (
     equivalence_config,
     run_steps,
 )
+
+from bloomline.trainer.parallel.local_processes import run_distributed
 
 STAGES = {"zero0": {"zero_stage": 0}, "zero1": {"zero_stage": 1}, "zero2": {"zero_stage": 2},
           "zero3": {"zero_stage": 3}, "offload": {"zero_stage": 3, "offload": True}}

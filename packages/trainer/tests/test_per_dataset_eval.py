@@ -23,13 +23,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from bloomline.trainer.parallel.local_processes import run_distributed
 from trainer_fixtures import tiny_config
 
 from bloomline.dataprep.indexed_dataset import IndexedDatasetWriter
 from bloomline.trainer.data import TokenSamples, open_splits
 from bloomline.trainer.evaluation import blend_of, sample_sources
 from bloomline.trainer.loop import Trainer
+from bloomline.trainer.parallel.local_processes import run_distributed
 
 NAMES = ("code", "en")
 RTOL = 1e-5

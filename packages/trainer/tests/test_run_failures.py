@@ -30,7 +30,7 @@ from trainer_fixtures import tiny_config, write_corpus
 
 from bloomline.common.config_loader import to_toml
 from bloomline.common.errors import UserError
-from bloomline.trainer.checkpoint_manifest import verify_checkpoint
+from bloomline.trainer.checkpoint.manifest import verify_checkpoint
 from bloomline.trainer.survival.preemption import PREEMPTED_EXIT_CODE
 from bloomline.trainer.survival.run_folder import RunLock
 

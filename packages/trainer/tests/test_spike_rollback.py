@@ -13,12 +13,12 @@ import os
 from pathlib import Path
 
 import pytest
-from bloomline.trainer.parallel.local_processes import run_distributed
 from trainer_fixtures import tiny_config, write_corpus
 
 from bloomline.common.errors import UserError
 from bloomline.trainer.data import MegatronSampler
 from bloomline.trainer.loop import Trainer
+from bloomline.trainer.parallel.local_processes import run_distributed
 from bloomline.trainer.survival.sample_skips import SkipRanges
 from bloomline.trainer.survival.spikes import SpikeDetector
 

@@ -10,8 +10,8 @@ import torch
 
 from bloomline.common.errors import UserError
 from bloomline.trainer.checkpoint import latest_checkpoint
+from bloomline.trainer.kernels.cpu import linear
 from bloomline.trainer.loop import Trainer
-from bloomline.trainer.model import linear
 
 
 def _records(run_dir, kind="train"):

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from bloomline.common.errors import UserError
+from bloomline.trainer.kernels.cpu import linear
 from bloomline.trainer.loop import Trainer
-from bloomline.trainer.model import linear
 from bloomline.trainer.optim import Lamb
 
 
@@ -102,7 +102,7 @@ def test_profile_steps_write_a_chrome_trace(corpus, tmp_path, make_config):
     Trainer(cfg, log=lambda *_: None).run()
     trace = tmp_path / "run" / "profile" / "trace_steps_2_4.json"
     events = json.loads(trace.read_text())["traceEvents"]
-    # the step's matrix products: the linear layers' (oneDNN in fp32 on CPU, model/linear.py)
+    # the step's matrix products: the linear layers' (oneDNN in fp32 on CPU, kernels/cpu/linear.py)
     # and attention's
     names = {e.get("name", "") for e in events}
     assert names & {"mkldnn::_linear_pointwise", "aten::addmm", "aten::mm"}, sorted(names)[:50]

@@ -178,7 +178,7 @@ def verify_checkpoint_command(
     """Check a checkpoint against its manifest (sizes, sha256, parsable state files), then
     read DCP's pickles as a load would (DCP's classes only) without loading the model. Exit 0
     when intact; 1 with one line per problem (or the refused pickle) otherwise."""
-    from bloomline.trainer.checkpoint_manifest import describe_checkpoint, verify_checkpoint
+    from bloomline.trainer.checkpoint.manifest import describe_checkpoint, verify_checkpoint
 
     problems = verify_checkpoint(checkpoint)
     if problems:

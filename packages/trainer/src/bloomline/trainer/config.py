@@ -13,8 +13,8 @@ from pathlib import Path
 
 from bloomline.common.config_loader import check_ranges, load_config, ranged
 from bloomline.common.errors import UserError
+from bloomline.trainer.kernels.cpu.linear import CPU_FP32_MATMUL_CHOICES
 from bloomline.trainer.model.config import ModelConfig
-from bloomline.trainer.model.linear import CPU_FP32_MATMUL_CHOICES
 from bloomline.trainer.model_source import resolve_model_settings
 
 __all__ = ["Config", "DataConfig", "TrainConfig", "PrecisionConfig", "OptimizerConfig",
@@ -95,10 +95,10 @@ class TrainConfig:
     """A:B writes a torch.profiler trace of steps A..B-1 into RUN/profile."""
     tune_malloc: bool = True
     """Keep large host tensors in glibc's heap instead of fresh mmaps (see trainer/malloc.py):
-    up to 1.2x faster CPU steps. Off: the allocator's defaults."""
+    faster CPU steps. Off: the allocator's defaults."""
     cpu_fp32_matmul: str = ranged("auto", choices=CPU_FP32_MATMUL_CHOICES)
     """Kernels of fp32 linear layers on CPU: aten (MKL), onednn, or auto (oneDNN on AMD CPUs,
-    where it is ~10% faster, else ATen; see trainer/model/linear.py)."""
+    where it is faster, else ATen; see trainer/kernels/cpu/linear.py)."""
 
 
 @dataclass

@@ -22,7 +22,6 @@ from torch.distributed.tensor.parallel import loss_parallel
 from bloomline.common.config_loader import to_toml
 from bloomline.common.errors import UserError
 from bloomline.trainer import checkpoint as ckpt
-from bloomline.trainer.survival import faults
 from bloomline.trainer.config import Config, validate
 from bloomline.trainer.curriculum import global_batch_size, sequence_length
 from bloomline.trainer.data import (
@@ -44,6 +43,7 @@ from bloomline.trainer.evaluation import (
     token_cross_entropy,
     valid_console_line,
 )
+from bloomline.trainer.kernels.cpu.linear import configure_cpu_fp32_matmul
 from bloomline.trainer.malloc import tune_malloc
 from bloomline.trainer.metrics import (
     MetricsWriter,
@@ -51,8 +51,15 @@ from bloomline.trainer.metrics import (
     memory_bytes,
     thermometer_readings,
 )
+from bloomline.trainer.mfu import (
+    MfuGuard,
+    Peak,
+    PeakCache,
+    machine_key,
+    measure_peak_flops,
+    resolve_peak,
+)
 from bloomline.trainer.model import build_model, padded_vocab_size
-from bloomline.trainer.model.linear import configure_cpu_fp32_matmul
 from bloomline.trainer.model_source import load_initial_weights, resolve_model_settings
 from bloomline.trainer.optim import build_optimizer, learning_rate
 from bloomline.trainer.parallel import (
@@ -64,17 +71,15 @@ from bloomline.trainer.parallel import (
     world_info,
 )
 from bloomline.trainer.parallel.memory import memory_record
-from bloomline.trainer.mfu import (
-    MfuGuard,
-    Peak,
-    PeakCache,
-    machine_key,
-    measure_peak_flops,
-    resolve_peak,
-)
 from bloomline.trainer.precision import Precision, resolve_dtype
+from bloomline.trainer.survival import faults
 from bloomline.trainer.survival.preemption import PREEMPTED_EXIT_CODE
-from bloomline.trainer.survival.rollback import ROLLBACKS_FILE, append_rollback, read_rollbacks, skip_range
+from bloomline.trainer.survival.rollback import (
+    ROLLBACKS_FILE,
+    append_rollback,
+    read_rollbacks,
+    skip_range,
+)
 from bloomline.trainer.survival.run_folder import check_start_point
 from bloomline.trainer.survival.run_guard import RunGuard
 from bloomline.trainer.survival.sample_skips import SkipRanges

@@ -45,7 +45,7 @@ import torch
 
 from bloomline.common.atomic import atomic_write_bytes
 from bloomline.common.machine import cpu_model
-from bloomline.trainer.model.linear import onednn_available, onednn_matmul
+from bloomline.trainer.kernels.cpu.linear import onednn_available, onednn_matmul
 
 __all__ = ["CACHE_FILE", "MfuGuard", "Peak", "PeakCache", "PeakMeasurement", "known_gpu_peak",
            "machine_key", "measure_peak_flops", "resolve_peak"]
@@ -90,7 +90,7 @@ def measure_peak_flops(device: torch.device, dtype: torch.dtype, seconds: float 
     GPU; otherwise the best of back-to-back tries (~20 ms each) of 1024^3 (CPU) / 8192^3 (GPU)
     products, for ``seconds`` and until the best is confirmed (see the module docstring), at
     most ``max_seconds``. On CPU in fp32 both ATen's product (MKL) and oneDNN's (the two the
-    model's linear layers choose from, see model/linear.py) are timed, half the time each,
+    model's linear layers choose from, see kernels/cpu/linear.py) are timed, half the time each,
     and the faster counts: the limit is the best product the machine offers, not the one a
     baseline happens to call."""
     known = known_gpu_peak(device)

@@ -6,16 +6,19 @@ sequence 2^(-8/n), 2^(-16/n), ... For other n, the paper (and BLOOM) take the n'
 closest lower power of two n', then every other slope of the sequence for 2n' until n are
 filled. Tensor parallelism gives each rank a contiguous range of heads, so slopes are
 selectable by head range: a rank computes exactly its own heads' slopes.
+
+``AlibiPositions`` is ALiBi as a ``PositionEncoding`` (``position.py``): a bias, no rotation.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 
 import torch
 
-__all__ = ["alibi_bias", "alibi_slopes", "cached_alibi_bias"]
+__all__ = ["AlibiPositions", "alibi_bias", "alibi_slopes", "cached_alibi_bias"]
 
 
 def _power_of_two_slopes(n: int) -> list[float]:
@@ -57,3 +60,27 @@ def cached_alibi_bias(num_heads: int, head_start: int, head_end: int, seq_length
     every layer (all layers of a rank hold the same heads): one [heads, L, L] tensor instead
     of one per layer, which at 176B's 112 heads x 2048^2 in fp32 would be 1.9 GB each."""
     return alibi_bias(alibi_slopes(num_heads, head_start, head_end), seq_length, device, dtype)
+
+
+class AlibiPositions:
+    """ALiBi through the position-encoding seam: the causal bias of ``alibi_bias`` (cached,
+    one tensor per head range, L and dtype) and the same penalty as a flex ``score_mod``;
+    q and k are left as they are."""
+
+    rotates_qk = False
+
+    def bias(self, total_heads: int, head_start: int, head_end: int, seq_length: int,
+             device: str, dtype: torch.dtype) -> torch.Tensor:
+        return cached_alibi_bias(total_heads, head_start, head_end, seq_length, device, dtype)
+
+    def score_mod(self, total_heads: int, head_start: int, head_end: int,
+                  device: torch.device) -> Callable:
+        slopes = alibi_slopes(total_heads, head_start, head_end).to(device)
+
+        def alibi(score, b, h, q_idx, kv_idx):
+            return score + slopes[h] * (kv_idx - q_idx)
+
+        return alibi
+
+    def rotate(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return q, k

@@ -1,25 +1,25 @@
-"""Causal self-attention with ALiBi, three interchangeable kernels.
+"""Causal self-attention (positions from ALiBi), three interchangeable kernels.
 
 The fused QKV projection is laid out per head as [heads, 3, head_dim] (BLOOM's layout), so a
 column-wise tensor-parallel split of it is a split by heads and HF checkpoints map 1:1.
 
 Kernels (``ModelConfig.attention``; ``auto`` picks eager on CPU and flex on CUDA):
-- ``sdpa``: ``F.scaled_dot_product_attention`` with the ALiBi+causal bias as an additive mask
-  (the fused CPU kernel accumulates the softmax in fp32, but its backward with a mask is slow
-  on CPU: 1.6x the eager ops at b8 h6 L256 d64 in bf16).
-- ``flex``: FlexAttention with an ALiBi ``score_mod`` and a causal ``BlockMask`` (compiled; on
-  GPU it skips the masked blocks instead of materializing an L x L bias).
+- ``sdpa``: ``F.scaled_dot_product_attention`` with the position encoding's causal bias as an
+  additive mask (the fused CPU kernel accumulates the softmax in fp32, but its backward with
+  a mask is slower on CPU than the eager ops).
+- ``flex``: FlexAttention with the encoding's ``score_mod`` and a causal ``BlockMask``
+  (compiled; on GPU it skips the masked blocks instead of materializing an L x L bias).
 - ``eager``: explicit matmul, bias add, softmax (fp32 arithmetic with ``softmax_fp32``),
   matmul (the CPU choice). On CPU the scores stay in the compute dtype: ATen's CPU softmax
   computes bf16/fp16 inputs in fp32 and rounds only its output, bitwise what upcasting first
   gives (a test checks it), so no fp32 L x L tensor is written and the backward runs in bf16,
   as Megatron's fused softmax kernels do; the bias is then added in bf16 (exact for
   power-of-two slopes up to L = 256; elsewhere off by at most 2^-9 of its value, which is
-  largest where the softmax weight exp(bias) is smallest). In the benchmarks.train step this saves
-  ~30 ms of ~700 in bf16 against the fp32 round trip. Other devices upcast the scores.
+  largest where the softmax weight exp(bias) is smallest). Other devices upcast the scores.
   On CPU without dropout the core is one hand-written autograd node
-  (``attention_core.py``: fewer layout copies, no subnormal fp32 probabilities).
-They agree within bf16/fp32 tolerance (tests/test_alibi_attention.py).
+  (``kernels/cpu/attention_core.py``: fewer layout copies, no subnormal fp32 probabilities).
+They agree within bf16/fp32 tolerance (tests/test_alibi_attention.py). Positions come from
+``model/position.py`` (ALiBi). Measurements: docs/perf/cpu-kernels.md.
 """
 
 from __future__ import annotations
@@ -31,11 +31,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bloomline.trainer.model.alibi import alibi_slopes, cached_alibi_bias
-from bloomline.trainer.model.attention_core import alibi_attention_core, uses_core
+from bloomline.trainer.kernels.cpu.attention_core import alibi_attention_core, uses_core
+from bloomline.trainer.kernels.cpu.linear import Linear
 from bloomline.trainer.model.config import ModelConfig
 from bloomline.trainer.model.layers import compute_dtype
-from bloomline.trainer.model.linear import Linear
+from bloomline.trainer.model.position import position_encoding
 
 __all__ = ["Attention", "resolve_kernel", "softmax_dtype"]
 
@@ -87,6 +87,7 @@ class Attention(nn.Module):
         self.kernel = cfg.attention
         self.softmax_fp32 = cfg.softmax_fp32
         self.dropout = cfg.attention_dropout
+        self.position = position_encoding(cfg.position_encoding)
         local = self.num_heads * self.head_dim
         self.query_key_value = Linear(cfg.hidden_size, 3 * local)
         self.dense = Linear(local, cfg.hidden_size)
@@ -94,18 +95,15 @@ class Attention(nn.Module):
         self.track_max_logit = False
         self.max_logit: torch.Tensor | None = None
 
-    def slopes(self, device: torch.device) -> torch.Tensor:
-        return alibi_slopes(self.total_heads, self.head_start,
-                            self.head_start + self.num_heads).to(device)
-
     def _bias(self, seq_length: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-        return cached_alibi_bias(self.total_heads, self.head_start,
-                                 self.head_start + self.num_heads, seq_length, str(device), dtype)
+        return self.position.bias(self.total_heads, self.head_start,
+                                  self.head_start + self.num_heads, seq_length, str(device),
+                                  dtype)
 
     def bias_for(self, seq_length: int, device: torch.device) -> torch.Tensor | None:
-        """The ALiBi+causal bias this layer's kernel adds ([heads, L, L]; None for flex, which
-        computes it in its score_mod). Built outside the layer's forward so that a compiled
-        layer takes it as an input instead of tracing the cache."""
+        """The position encoding's causal bias this layer's kernel adds ([heads, L, L]; None
+        for flex, which computes it in its score_mod). Built outside the layer's forward so
+        that a compiled layer takes it as an input instead of tracing the cache."""
         kernel = resolve_kernel(self.kernel, device)
         if kernel == "flex":
             return None
@@ -124,14 +122,18 @@ class Attention(nn.Module):
         qkv = self.query_key_value(x)  # [b, L, heads * 3 * head_dim]
         if self.track_max_logit:
             q, k, _ = self._split_heads(qkv)
+            if self.position.rotates_qk:
+                q, k = self.position.rotate(q, k)
             self.max_logit = self._max_logit(q, k)
         dropout = self.dropout if self.training else 0.0
         if kernel == "eager":
             return self.dense(self._eager(qkv, bias, dropout))
         q, k, v = self._split_heads(qkv)
+        if self.position.rotates_qk:
+            q, k = self.position.rotate(q, k)
         if kernel == "sdpa":
             # a 4-D mask keeps the fused CPU kernel (a 3-D one falls back to the generic path,
-            # which upcasts bf16 to fp32: 1.8x slower, benchmarks.train --diagnose)
+            # which upcasts bf16 to fp32; docs/perf/cpu-kernels.md)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias[None].to(q.dtype),
                                                  dropout_p=dropout)
         else:
@@ -152,10 +154,13 @@ class Attention(nn.Module):
     def _eager(self, qkv: torch.Tensor, bias: torch.Tensor, dropout: float) -> torch.Tensor:
         """The eager kernel, [b, L, heads * 3 * head_dim] -> [b, L, heads * head_dim]: the unit
         that selective activation checkpointing recomputes. On CPU without dropout the
-        hand-written node of attention_core.py; otherwise autograd over the ops below."""
-        if uses_core(qkv, bias, dropout):
+        hand-written node of kernels/cpu/attention_core.py; otherwise autograd over the ops
+        below."""
+        if not self.position.rotates_qk and uses_core(qkv, bias, dropout):
             return alibi_attention_core(qkv, bias, self.num_heads)
         q, k, v = self._split_heads(qkv)
+        if self.position.rotates_qk:
+            q, k = self.position.rotate(q, k)
         # the scale goes on q (L x d) rather than on the scores (L x L)
         scores = torch.matmul(q * (1.0 / math.sqrt(self.head_dim)), k.transpose(-1, -2))
         dtype = softmax_dtype(scores.dtype, scores.device, self.softmax_fp32)
@@ -171,13 +176,10 @@ class Attention(nn.Module):
         if self.dropout and self.training:
             raise ValueError("model.attention = 'flex' has no attention dropout; use sdpa or "
                              "eager, or set model.attention_dropout = 0")
-        slopes = self.slopes(q.device)
-
-        def alibi(score, b, h, q_idx, kv_idx):
-            return score + slopes[h] * (kv_idx - q_idx)
-
+        score_mod = self.position.score_mod(self.total_heads, self.head_start,
+                                            self.head_start + self.num_heads, q.device)
         mask = _causal_block_mask(q.shape[2], str(q.device))
-        return _compiled_flex_attention()(q, k, v, score_mod=alibi, block_mask=mask)
+        return _compiled_flex_attention()(q, k, v, score_mod=score_mod, block_mask=mask)
 
     @torch.no_grad()
     def _max_logit(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:

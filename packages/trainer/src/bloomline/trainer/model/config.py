@@ -46,12 +46,14 @@ class ModelConfig:
     softmax in fp32 for bf16/fp16 inputs by construction)."""
     residual_fp32: bool = True
     """Keep the residual stream in fp32 between blocks (BLOOM's fp32 residual connection)."""
+    position_encoding: str = ranged("alibi", choices=("alibi",))
+    """How attention learns token positions (model/position.py): alibi, a per-head linear
+    penalty on query-key distance (BLOOM's). The only one today."""
     attention: str = ranged("auto", choices=("auto", "sdpa", "flex", "eager"))
     """Attention kernel: sdpa (scaled_dot_product_attention with an additive ALiBi bias), flex
     (FlexAttention with an ALiBi score_mod and a causal block mask; compiled; the GPU path),
-    eager (explicit matmul-softmax-matmul), or auto: eager on CPU, flex on CUDA. On CPU in
-    training the fused SDPA kernel with an additive mask is slower forward + backward than the
-    three eager ops (benchmarks/results/train.md), so eager is the CPU choice."""
+    eager (explicit matmul-softmax-matmul), or auto: eager on CPU, flex on CUDA (why:
+    docs/decisions/cpu-kernels.md)."""
     init_std: float = ranged(0.0, ge=0)
     """Std of the normal init; 0 means BLOOM's small init sqrt(2 / (5 h)). Output projections
     (attention dense, MLP fc2) get std / sqrt(2 * num_layers)."""

@@ -16,11 +16,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bloomline.trainer.kernels.cpu.gelu import bloom_gelu
+from bloomline.trainer.kernels.cpu.linear import Linear, linear
 from bloomline.trainer.model.attention import Attention
 from bloomline.trainer.model.config import ModelConfig
-from bloomline.trainer.model.gelu import bloom_gelu
 from bloomline.trainer.model.layers import LayerNorm, compute_dtype
-from bloomline.trainer.model.linear import Linear, linear
 from bloomline.trainer.model.loss import linear_cross_entropy
 
 __all__ = ["GPT", "MLP", "Block", "build_model"]
@@ -55,7 +55,8 @@ class Block(nn.Module):
         self.max_residual: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        """``bias``: the attention's ALiBi bias (``Attention.bias_for``; built when None)."""
+        """``bias``: the position encoding's attention bias (``Attention.bias_for``; built when
+        None)."""
         attn = self.self_attention(self.input_layernorm(x), bias)
         x = x + F.dropout(attn, self.dropout, self.training).to(x.dtype)
         mlp = self.mlp(self.post_attention_layernorm(x))
@@ -109,8 +110,9 @@ class GPT(nn.Module):
         return self.head(x)
 
     def attention_bias(self, seq_length: int, device: torch.device) -> torch.Tensor | None:
-        """The ALiBi bias every block shares (all layers hold the same heads), made outside
-        the blocks so that compiled blocks take it as an input."""
+        """The position encoding's causal bias every block shares (all layers hold the same
+        heads, model/position.py), made outside the blocks so that compiled blocks take it as
+        an input."""
         for block in self.h.values():
             return block.self_attention.bias_for(seq_length, device)
         return None

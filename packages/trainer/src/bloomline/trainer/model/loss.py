@@ -1,13 +1,8 @@
 """The LM head and its cross-entropy in one autograd node, without fp32 logits.
 
 ``F.cross_entropy(logits.float(), labels)`` after the head writes the logits again in fp32,
-runs ATen's log-softmax forward and backward (a slow kernel on CPU: 88 ms for [2048, 8064],
-20x an ``exp`` over the same tensor), zero-fills and scatters an fp32 [tokens, vocab]
-gradient and casts it back. At the benchmark shape (2,048 tokens, vocabulary 8,064, hidden
-384; 2 cores of an AMX Xeon) head + loss forward and backward take 114 ms that way against
-40 ms here in bf16, and 253 against 147 ms in fp32. Where the matmuls dominate (2 cores of
-an AMD EPYC without AMX: its three matmuls alone take ~95 ms in bf16) the gain is smaller:
-121 against 112 ms in bf16, 232 against 225 ms in fp32. ``LinearCrossEntropy`` instead:
+runs ATen's log-softmax forward and backward (a slow kernel on CPU), zero-fills and scatters
+an fp32 [tokens, vocab] gradient and casts it back. ``LinearCrossEntropy`` instead:
 
 1. computes the logits in the compute dtype (one matmul, as before);
 2. walks them in row chunks small enough to stay in cache, each upcast to fp32 once: the
@@ -22,7 +17,7 @@ memory: one [tokens, vocab] buffer in the compute dtype. fp16 keeps the unfused 
 gradient must be rounded after the loss scale, which the forward does not know). Labels < 0
 are ignored, as ``F.cross_entropy``'s ``ignore_index = -100``. Tensor-parallel
 (vocabulary-sharded) logits do not come here: they go through ``loss_parallel``
-(bloomline.trainer.loop.lm_loss).
+(bloomline.trainer.loop.lm_loss). Measurements: docs/perf/cpu-kernels.md.
 """
 
 from __future__ import annotations
@@ -30,7 +25,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from bloomline.trainer.model.linear import linear, linear_weight_grad, matmul_2d
+from bloomline.trainer.kernels.cpu.linear import linear, linear_weight_grad, matmul_2d
 
 __all__ = ["LinearCrossEntropy", "linear_cross_entropy"]
 

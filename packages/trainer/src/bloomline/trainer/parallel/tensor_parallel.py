@@ -7,9 +7,10 @@ Mental model (Megatron-LM's layout, written as torch's parallel styles):
 
 - Attention: the fused QKV projection column-wise, the output projection row-wise. QKV's rows
   are laid out [heads, 3, head_dim], so a contiguous row shard is a shard of whole heads: tp
-  rank r holds heads [r h/tp, (r+1) h/tp) and their ALiBi slopes (``Attention.head_start`` /
-  ``num_heads`` are set to that range). MLP: fc1 column-wise, fc2 row-wise. Forward costs one
-  all-reduce per attention and per MLP (Megatron's "g"), backward one each ("f").
+  rank r holds heads [r h/tp, (r+1) h/tp) and their position bias (ALiBi's slopes;
+  ``Attention.head_start`` / ``num_heads`` are set to that range). MLP: fc1 column-wise, fc2
+  row-wise. Forward costs one all-reduce per attention and per MLP (Megatron's "g"), backward
+  one each ("f").
 - Embedding vocabulary-parallel (row-wise on the table: each rank looks up the ids of its
   vocabulary range, the partial sums are reduced). The LM head stays tied to it: ``GPT.head``
   is ``F.linear(ln_f(x), word_embeddings.weight)`` with that weight a Shard(0) DTensor, so the
@@ -25,8 +26,8 @@ Mental model (Megatron-LM's layout, written as torch's parallel styles):
 - Between modules activations are plain local tensors (torchtitan's convention): the residual
   stream is a replica (or a sequence shard) in the residual dtype, and the blocks run
   unchanged. The one exception is the embedding's output under sequence parallelism: it stays
-  a DTensor (global shape) up to the first block so that ``GPT.attention_bias`` sees the full
-  sequence length, and each block's input hook turns it local.
+  a DTensor (global shape) up to the first block so that ``GPT.attention_bias`` (the position
+  encoding's bias) sees the full sequence length, and each block's input hook turns it local.
 
 Thermometers (max |attention logit|, max |MLP output|, max |residual|) are per-rank values
 inside a block (local heads, local sequence shard); each block gets ``tp_mesh`` and

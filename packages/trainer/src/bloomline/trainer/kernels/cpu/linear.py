@@ -1,23 +1,14 @@
-"""Linear layers whose fp32 CPU products run on oneDNN instead of MKL where that is faster.
+"""Linear layers whose fp32 CPU products can run on oneDNN instead of MKL.
 
 ATen sends an fp32 CPU ``mm``/``addmm`` to MKL's sgemm and only bf16/fp16 products to oneDNN
 (torch uses oneDNN for fp32 only when it may round the inputs to bf16 or tf32, which fp32
 training must not do). oneDNN's fp32 matmul computes in fp32 as well (IEEE products in another
-summation order: differences of fp32 roundoff, ~1e-6 relative). Which of the two is faster
-depends on the CPU's maker, because MKL is Intel's library and runs its best kernels on
-Intel's CPUs only. Measured at the benchmarks.train shapes (M = 2,048 tokens, h = 384, 2 cores):
+summation order: differences of fp32 roundoff). Which is faster depends on the CPU's maker.
 
-- AMD EPYC with AVX-512: oneDNN ~10% faster per product forward and into the input, a 1024^3
-  product at ~180 GFLOP/s against MKL's ~140; inside the fp32 step it saves 55-108 ms of
-  ~1,200 (``benchmarks/results/train.md``).
-- Intel Xeon (Sapphire Rapids): MKL as fast forward, 5-10% faster into the input and 1.3-2x
-  faster for the weight gradient; oneDNN costs 150 ms of ~960 in the step
-  (``benchmarks/step_parts.py``'s "other linears" row).
-
-So ``auto`` (``TrainConfig.cpu_fp32_matmul``, the default) routes fp32 products to oneDNN on
-AMD CPUs and leaves them on ATen elsewhere (Intel, and any CPU nobody has measured); the
-choice is fixed per machine, not timed at run time, so that a resumed run computes with the
-same kernels bit for bit. ``aten`` and ``onednn`` force one.
+Contract: ``auto`` (``TrainConfig.cpu_fp32_matmul``, the default) routes fp32 products to
+oneDNN on AMD CPUs and leaves them on ATen elsewhere (Intel, and any CPU nobody has measured);
+``aten`` and ``onednn`` force one. The choice is fixed per machine, not timed at run time, so
+that a resumed run computes with the same kernels bit for bit.
 
 torch exposes oneDNN's matmul as ``torch.ops.mkldnn._linear_pointwise(x, w, b)`` = ``x @ w.T +
 b`` (the op inductor emits for CPU linears), without a backward. ``linear`` wraps it in an
@@ -25,10 +16,10 @@ autograd node whose backward runs both gradient products on oneDNN too, the weig
 in whichever operand order is faster at its shape (``linear_weight_grad``).
 
 Everything else takes ATen's ``F.linear`` unchanged: other dtypes and autocast (bf16 products
-already run on oneDNN; routing them through this op to fuse the bias add saved nothing
-measurable in the step), other devices, tensor subclasses (DTensor under tensor
-parallelism), compiled regions (inductor picks its own kernels), a torch built without
-oneDNN, and ``set_onednn_linear(False)``.
+already run on oneDNN), other devices, tensor subclasses (DTensor under tensor parallelism),
+compiled regions (inductor picks its own kernels), a torch built without oneDNN, and
+``set_onednn_linear(False)``. Measurements: docs/perf/cpu-kernels.md; why this choice:
+docs/decisions/cpu-kernels.md.
 """
 
 from __future__ import annotations
@@ -126,8 +117,9 @@ def matmul_2d(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def linear_weight_grad(grad_out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """``grad_out.T @ x`` ([N, K] from [M, N] and [M, K]): the weight gradient of a linear
     layer, contiguous; oneDNN for fp32 CPU tensors, else ATen. oneDNN packs its second
-    operand; measured at M = 2,048 it is faster with the wider of the two there (for N >= K,
-    computing the transpose ``x.T @ grad_out`` and transposing back), and a contiguous result
+    operand, and is faster with the wider of the two there (for N >= K, computing the
+    transpose ``x.T @ grad_out`` and transposing back; docs/perf/cpu-kernels.md), and a
+    contiguous result
     spares autograd's accumulation a copy into the parameter's layout."""
     if not _fp32(grad_out, x):
         return grad_out.t() @ x

@@ -19,12 +19,9 @@ import contextlib
 import errno
 import shutil
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 from bloomline.common.errors import UserError
-
-if TYPE_CHECKING:
-    from bloomline.trainer.checkpoint import PendingSave
+from bloomline.trainer.checkpoint.layout import PendingSave, list_checkpoints
 
 __all__ = ["failed_save", "os_error_in"]
 
@@ -51,8 +48,6 @@ def os_error_in(exc: BaseException) -> OSError | None:
 
 
 def _message(pending: PendingSave, error: OSError) -> str:
-    from bloomline.trainer.checkpoint import list_checkpoints
-
     what = error.strerror or str(error)
     where = f"{error.filename}" if error.filename else f"{pending.partial}"
     kept = list_checkpoints(pending.root.parent)

@@ -4,7 +4,7 @@ background thread while training goes on.
 
 How (torch 2.13): ``torch.distributed.checkpoint.async_save`` stages the state dict (a copy
 in CPU memory, made in the calling thread before it returns) and runs DCP's ``save`` on the
-copy in a thread of its own; our finalization (``checkpoint.finish_save``) runs in one more
+copy in a thread of its own; our finalization (``save.finish_save``) runs in one more
 thread that waits for that write. Both run collectives: DCP's planning and metadata exchange,
 our hashing and barrier. They use a gloo group made for this (as torchtitan does): the default
 group belongs to the training thread, whose collectives would otherwise interleave with the
@@ -16,7 +16,7 @@ partial folders never pile up. A crash (SIGKILL) before the manifest leaves only
 ``.step_N.partial`` folder: ``latest_checkpoint`` never returns it and the next save removes it.
 
 A save that fails in the background (a full disk) removes its partial folder there
-(``checkpoint_failure.py``) and its error reaches the training thread at the next step
+(``failure.py``) and its error reaches the training thread at the next step
 (``raise_if_failed``, which the loop calls every step), or at ``save`` / ``wait``, as one
 ``UserError`` line: the run stops instead of training on without checkpoints.
 
@@ -30,14 +30,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import torch
+import torch.distributed.checkpoint as dcp
 
-from bloomline.trainer.checkpoint import (
-    PendingSave,
-    begin_save,
-    finish_save,
-    saved_state_dict,
-)
-from bloomline.trainer.checkpoint_failure import failed_save
+from bloomline.trainer.checkpoint.failure import failed_save
+from bloomline.trainer.checkpoint.layout import PendingSave
+from bloomline.trainer.checkpoint.save import begin_save, finish_save, saved_state_dict
 
 __all__ = ["AsyncCheckpointer"]
 
@@ -76,8 +73,6 @@ class AsyncCheckpointer:
         Raises:
             Exception: The previous save failed (its error, re-raised here).
         """
-        import torch.distributed.checkpoint as dcp
-
         self.wait()
         pending = begin_save(self.run_dir, step, trainer_state, config, self.keep_last,
                              self.is_writer)

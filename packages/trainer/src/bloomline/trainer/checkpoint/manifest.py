@@ -8,7 +8,7 @@ flipped bit, a truncated copy, a shard lost or swapped). ``verify_checkpoint`` c
 it *before* anything is loaded, so that a bad checkpoint is refused with a line naming the
 file instead of failing (or, worse, loading garbage) deep inside DCP; and, since DCP unpickles
 ``.metadata``, before any unpickling happens. Then it unpickles DCP's pickles as a load does,
-admitting only DCP's classes (``checkpoint_metadata.py``).
+admitting only DCP's classes (``metadata.py``).
 
 Hashing a checkpoint of billions of parameters takes seconds per GB on one core; when the
 process group is up, every rank hashes a slice of the files (``sorted(files)[rank::world]``)
@@ -25,6 +25,10 @@ import tomllib
 from collections.abc import Callable
 from pathlib import Path
 
+import torch.distributed as dist
+
+from bloomline.trainer.checkpoint import metadata
+
 __all__ = ["MANIFEST", "MANIFEST_VERSION", "verify_checkpoint", "write_manifest",
            "describe_checkpoint", "fsync_dir"]
 
@@ -33,13 +37,11 @@ MANIFEST_VERSION = 1
 _FORMAT = "bloomline-checkpoint"
 _CHUNK = 8 << 20  # 8 MiB: large enough that hashlib (which releases the GIL) dominates
 # files every checkpoint has, and how to check that they parse; DCP's .metadata is a pickle,
-# read (restricted, checkpoint_metadata.py) only after the checksums agree
+# read (restricted, metadata.py) only after the checksums agree
 _REQUIRED = ("trainer_state.json", "config.toml", "rng.json", ".metadata")
 
 
 def _distributed() -> bool:
-    import torch.distributed as dist
-
     return dist.is_available() and dist.is_initialized()
 
 
@@ -75,8 +77,6 @@ def _hash_shared(folder: Path, names: list[str], sync: bool,
 
     if not _distributed():
         return {name: one(name) for name in names}
-    import torch.distributed as dist
-
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     mine = {name: one(name) for name in names[rank::world]}
     gathered: list = [None] * world
@@ -112,8 +112,6 @@ def write_manifest(folder: str | Path, step: int, is_writer: bool, group=None) -
     folder = Path(folder)
     names = _files(folder) if is_writer else []
     if _distributed():
-        import torch.distributed as dist
-
         box = [names]
         dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0) if group else 0,
                                    group=group)
@@ -238,8 +236,6 @@ def verify_checkpoint(path: str | Path, group=None) -> list[str]:
                 and (folder / name).stat().st_size == listed[name]["size"]}
     if _distributed():
         # one answer for all ranks, and slices taken from one list: the first rank's
-        import torch.distributed as dist
-
         box = [expected, problems]
         dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0) if group else 0,
                                    group=group)
@@ -254,10 +250,8 @@ def verify_checkpoint(path: str | Path, group=None) -> list[str]:
                             "after saving)")
     if not problems:
         # the files are the ones the manifest lists: only now are DCP's pickles read, as a
-        # load reads them (checkpoint_metadata.py: DCP's classes only, else refused)
-        from bloomline.trainer.checkpoint_metadata import check_pickles
-
-        problems += check_pickles(folder, set(listed))
+        # load reads them (metadata.py: DCP's classes only, else refused)
+        problems += metadata.check_pickles(folder, set(listed))
     return problems
 
 

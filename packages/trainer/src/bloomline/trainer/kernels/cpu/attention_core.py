@@ -1,27 +1,17 @@
-"""The eager CPU attention core (scores, ALiBi bias, softmax, mixing) as one autograd node.
+"""The eager CPU attention core (scores, bias, softmax, mixing) as one autograd node.
 
-Written out by hand for two reasons measured on 2 cores at the benchmarks.train shape (b 8, 6 heads,
-L 256, head_dim 64):
+Contract: ``alibi_attention_core(qkv, bias, heads)`` computes the unfused path's math,
+``softmax(q k^T / sqrt(d) + bias) v``, with the scale applied to q, the bias added in the
+scores' dtype, ATen's softmax and softmax backward (which compute bf16 inputs in fp32); q, k
+and v come out of the fused QKV projection [b, L, heads, 3, d] through one permuting copy,
+and their gradients go back through one. fp32 probabilities below ``_PROBABILITY_FLOOR``
+(1e-30) are set to zero in place, which keeps them and the score gradients
+``p * (dp - delta)`` out of fp32's subnormal range; the outputs change by no more than fp32
+roundoff (a test checks it). ``uses_core`` says when it applies: dropout, other devices,
+tensor subclasses and compiled regions take the autograd path in ``model/attention.py``.
 
-1. Layout. The fused QKV output is [b, L, heads, 3, d]; autograd over ``unbind`` and
-   ``transpose`` views copies q, k and v into batched-matmul layout one by one, copies the
-   scaled q, and in the backward stacks three gradients back through zero-filled buffers. Here
-   q, k and v come out of one permuting copy and their gradients go back through one:
-   27.6 -> 25.4 ms forward + backward per layer in fp32, 9.8 -> 8.7 ms in bf16.
-2. Subnormal probabilities (fp32 only). With ALiBi a query's far keys get scores 90-100
-   below its best one, so ``exp`` lands in fp32's subnormal range (below 1.2e-38) for ~0.6% of
-   the probabilities. x86 cores multiply subnormal operands through a microcode assist, and
-   the four batched products that read the probabilities or their gradient ran 2x slower for
-   it (e.g. probs @ v 3.2 against 1.6 ms). Probabilities below ``_PROBABILITY_FLOOR`` (1e-30)
-   are set to zero in place, which keeps both them and the score gradients ``p * (dp - delta)``
-   normal. Dropping terms of at most 1e-30 of a row that sums to 1 changes no output by more
-   than fp32 roundoff (a test checks it); bf16 products need no floor (AVX-512 BF16 and AMX
-   read subnormals as zero).
-
-The math is the unfused path's: ``softmax(q k^T / sqrt(d) + bias) v``, the scale applied to q,
-the bias added in the scores' dtype, ATen's softmax and softmax backward (which compute bf16
-inputs in fp32). Dropout, other devices, tensor subclasses and compiled regions take the
-autograd path in ``attention.py``.
+Why: autograd over the views copies q, k and v one by one, and x86 multiplies subnormal
+operands slowly; measurements: docs/perf/cpu-kernels.md.
 """
 
 from __future__ import annotations

@@ -1,25 +1,22 @@
 """BLOOM's GELU (the tanh approximation), with a CPU kernel that avoids ATen's slow ``tanh``.
 
 ``0.5 * x * (1 + tanh(u))`` with ``u = sqrt(2 / pi) * (x + 0.044715 * x^3)`` is the same
-function as ``x * sigmoid(2u)`` (``(1 + tanh(u)) / 2 = sigmoid(2u)``). ATen's CPU kernel
-evaluates the tanh form with a vectorized ``tanh`` that costs 2.7x an ``exp`` over the same
-tensor, in the forward and again in ``gelu_backward``. The sigmoid form needs one ``exp``.
-On CPU this module compiles both directions of the sigmoid form once per process (inductor:
-one vectorized C++ loop each, computing in fp32 and rounding once to the input's dtype, as
-ATen does): at [8, 256, 1536] on 2 cores of an AMD EPYC, forward + backward take 1.8 + 2.1 ms
-against ATen's 3.3 + 3.5 in fp32, and 1.7 + 1.9 against 3.4 + 3.6 in bf16; inside the
-benchmarks.train step that is ~20 ms of ~700 in bf16 (``benchmarks/results/train.md``).
+function as ``x * sigmoid(2u)`` (``(1 + tanh(u)) / 2 = sigmoid(2u)``), which needs one
+``exp`` instead of a ``tanh``. On CPU this module compiles both directions of the sigmoid
+form once per process (inductor: one vectorized C++ loop each, computing in fp32 and rounding
+once to the input's dtype, as ATen does).
 
 - Inside a compiled region (``train.compile``) the plain sigmoid form is returned: inductor
   fuses it with its neighbours and differentiates it itself.
 - On other devices, and for tensor subclasses (DTensor under tensor parallelism), ATen's
   ``F.gelu(approximate="tanh")`` runs: on GPU it is memory-bound, not ``tanh``-bound.
-- Tensors under 2^20 elements take ATen's kernel: compiling costs each process ~5 s even
-  with inductor's on-disk cache warm (~15 s cold), far more than it saves on small tensors
-  (tests, generation, tiny models); every model worth timing is above it.
+- Tensors under ``FUSED_MIN_ELEMENTS`` (2^20) take ATen's kernel: the per-process compile
+  costs more than it saves on small tensors (tests, generation, tiny models).
 - If compiling fails (no C++ compiler on the host), a warning says so once and ATen's kernel
   takes over for the rest of the process.
-The two forms agree within fp32 roundoff (~5e-7 on O(1) inputs; tests/test_gelu.py).
+
+The two forms agree within fp32 roundoff (tests/test_gelu.py). Measurements:
+docs/perf/cpu-kernels.md.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@
   pickle: loading a checkpoint must not run code from it);
 - ``config.toml``: the resolved config the run was started with;
 - ``manifest.json``, written last: every other file's size and sha256
-  (``checkpoint_manifest.py``).
+  (``manifest.py``).
 
 A checkpoint is written into a hidden ``.step_N.partial`` folder, its files fsync'ed, the
 manifest written, and the folder renamed: a crash leaves no folder that looks like a
@@ -18,7 +18,7 @@ returns the newest checkpoint that verifies; older ones beyond ``keep_last`` are
 each save, stale partial folders at the start of the next one.
 
 Saving is two halves around the DCP write, shared by the synchronous ``save_checkpoint`` and
-the background ``AsyncCheckpointer`` (``checkpoint_async.py``): ``begin_save`` snapshots the
+the background ``AsyncCheckpointer`` (``async_save.py``): ``begin_save`` snapshots the
 small state and prepares the folder, ``finish_save`` completes it.
 """
 
@@ -29,39 +29,40 @@ import contextlib
 import json
 import os
 import random
-import re
 import shutil
 import sys
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+import torch.distributed.checkpoint as dcp
 
 from bloomline.common.config_loader import config_from_dict, to_toml
 from bloomline.common.errors import UserError
-from bloomline.trainer.survival import faults
-from bloomline.trainer.checkpoint_manifest import (
-    MANIFEST,
+from bloomline.trainer.checkpoint.failure import failed_save
+from bloomline.trainer.checkpoint.layout import (
+    CONFIG_FILE,
+    PARTIAL_NAME,
+    RNG_FILE,
+    STATE_FILE,
+    PendingSave,
+    list_checkpoints,
+)
+from bloomline.trainer.checkpoint.manifest import (
     fsync_dir,
     verify_checkpoint,
     write_manifest,
 )
+from bloomline.trainer.checkpoint.metadata import dcp_load
+from bloomline.trainer.survival import faults
 
-if TYPE_CHECKING:
-    from bloomline.trainer.checkpoint_async import AsyncCheckpointer
+__all__ = ["latest_checkpoint", "list_checkpoints", "load_checkpoint", "save_checkpoint",
+           "load_config_of", "check_compatible", "changed_settings", "saved_state_dict",
+           "begin_save", "finish_save", "PendingSave"]
 
-__all__ = ["AsyncCheckpointer", "latest_checkpoint", "list_checkpoints", "load_checkpoint",
-           "save_checkpoint", "load_config_of", "check_compatible", "verify_checkpoint"]
-
-_NAME = re.compile(r"^step_(\d{8})$")
-_PARTIAL = re.compile(r"^\.step_\d{8}\.partial$")
-STATE_FILE = "trainer_state.json"
-RNG_FILE = "rng.json"
-CONFIG_FILE = "config.toml"
 
 # DCP warns on every call without a process group that it assumes a single process; that is
 # intended here. A process-wide filter for the async save, which calls DCP from a background
@@ -76,16 +77,6 @@ def _quiet() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=_DCP_SINGLE_PROCESS)
         yield
-
-
-def __getattr__(name: str):
-    # AsyncCheckpointer lives in checkpoint_async.py, which builds on this module: imported
-    # on first use, so that either module can be imported first
-    if name == "AsyncCheckpointer":
-        from bloomline.trainer.checkpoint_async import AsyncCheckpointer
-
-        return AsyncCheckpointer
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _distributed() -> bool:
@@ -169,27 +160,6 @@ def _zero_step_counters(state: dict) -> None:
                 state[key] = 0
 
 
-@dataclass
-class PendingSave:
-    """A save between ``begin_save`` and ``finish_save``: its folders and the small files,
-    serialized when the save began (so that an async save records the state of its step,
-    not of the step at which it completes)."""
-
-    root: Path
-    step: int
-    keep_last: int
-    is_writer: bool
-    files: dict[str, bytes]
-
-    @property
-    def partial(self) -> Path:
-        return self.root / f".step_{self.step:08d}.partial"
-
-    @property
-    def final(self) -> Path:
-        return self.root / f"step_{self.step:08d}"
-
-
 def begin_save(run_dir: str | Path, step: int, trainer_state: dict, config, keep_last: int,
                is_writer: bool) -> PendingSave:
     """Snapshot the trainer state, RNG states and config, and give the writer an empty
@@ -201,7 +171,7 @@ def begin_save(run_dir: str | Path, step: int, trainer_state: dict, config, keep
     if is_writer:
         if pending.root.is_dir():
             for stale in pending.root.iterdir():
-                if _PARTIAL.match(stale.name):
+                if PARTIAL_NAME.match(stale.name):
                     shutil.rmtree(stale, ignore_errors=True)
         # exist_ok: the other ranks' DCP writers create it too, maybe first (before planning;
         # they write nothing before the planning collective, which this rank joins after)
@@ -248,11 +218,7 @@ def save_checkpoint(run_dir: str | Path, step: int, model, optimizer, trainer_st
     ``keep_last``; returns its folder. Every rank calls it (DCP is collective); the training
     stalls until the checkpoint is on disk (``AsyncCheckpointer`` does not). A save that
     fails (a full disk) removes its partial folder and raises one ``UserError`` line
-    (``checkpoint_failure.py``)."""
-    import torch.distributed.checkpoint as dcp
-
-    from bloomline.trainer.checkpoint_failure import failed_save
-
+    (``failure.py``)."""
     pending = begin_save(run_dir, step, trainer_state, config, keep_last, is_writer)
     with failed_save(pending):
         with _quiet():
@@ -261,16 +227,6 @@ def save_checkpoint(run_dir: str | Path, step: int, model, optimizer, trainer_st
 
 
 # -- finding -----------------------------------------------------------------------------------
-def list_checkpoints(run_dir: str | Path) -> list[Path]:
-    """Checkpoint folders of a run that look complete (named ``step_N``, with a manifest),
-    oldest first. Cheap: nothing is read or verified (``latest_checkpoint`` verifies)."""
-    root = Path(run_dir) / "checkpoints"
-    if not root.is_dir():
-        return []
-    found = [p for p in root.iterdir() if _NAME.match(p.name) and (p / MANIFEST).is_file()]
-    return sorted(found, key=lambda p: int(p.name[5:]))
-
-
 def _log_on_first_rank(line: str) -> None:
     if not _distributed() or torch.distributed.get_rank() == 0:
         print(line, file=sys.stderr, flush=True)
@@ -377,8 +333,6 @@ def load_checkpoint(checkpoint: str | Path, model, optimizer=None, verified: boo
         set_state_dict,
     )
 
-    from bloomline.trainer.checkpoint_metadata import dcp_load
-
     checkpoint = Path(checkpoint)
     if not verified:
         problems = verify_checkpoint(checkpoint, group)
@@ -390,7 +344,7 @@ def load_checkpoint(checkpoint: str | Path, model, optimizer=None, verified: boo
         state = {"model": get_model_state_dict(model)}
     else:
         state = saved_state_dict(model, optimizer)
-    with _quiet():  # DCP's pickles read with DCP's classes only (checkpoint_metadata.py)
+    with _quiet():  # DCP's pickles read with DCP's classes only (metadata.py)
         dcp_load(state, checkpoint)
     trainer_state = json.loads((checkpoint / STATE_FILE).read_text())
     if optimizer is None:

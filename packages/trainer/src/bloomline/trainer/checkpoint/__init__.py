@@ -1,0 +1,38 @@
+"""Checkpoints: ``RUN/checkpoints/step_NNNNNNNN/``, written whole or not at all, verified
+before anything in them is loaded.
+
+Modules, in the order a save touches them:
+
+- ``layout.py``: folder and file names, ``PendingSave``, ``list_checkpoints``;
+- ``save.py``: the synchronous save, ``latest_checkpoint``, loading, config compatibility;
+- ``async_save.py``: ``AsyncCheckpointer``, the same save finished in a background thread;
+- ``manifest.py``: ``manifest.json`` (sizes and sha256) and ``verify_checkpoint``;
+- ``metadata.py``: every pickle read from a checkpoint, through a restricted unpickler;
+- ``failure.py``: a save that fails removes its partial folder and says why in one line.
+
+This package re-exports the names callers use; tests that monkeypatch a name patch the
+module that defines it.
+"""
+
+from bloomline.trainer.checkpoint.async_save import AsyncCheckpointer
+from bloomline.trainer.checkpoint.layout import CONFIG_FILE, list_checkpoints
+from bloomline.trainer.checkpoint.manifest import (
+    MANIFEST,
+    describe_checkpoint,
+    verify_checkpoint,
+    write_manifest,
+)
+from bloomline.trainer.checkpoint.save import (
+    changed_settings,
+    check_compatible,
+    latest_checkpoint,
+    load_checkpoint,
+    load_config_of,
+    save_checkpoint,
+    saved_state_dict,
+)
+
+__all__ = ["AsyncCheckpointer", "CONFIG_FILE", "MANIFEST", "changed_settings",
+           "check_compatible", "describe_checkpoint", "latest_checkpoint", "list_checkpoints",
+           "load_checkpoint", "load_config_of", "save_checkpoint", "saved_state_dict",
+           "verify_checkpoint", "write_manifest"]
