@@ -267,14 +267,14 @@ def measure_thermometers(args, tokens: torch.Tensor, precision: str) -> dict:
     trainer = Trainer(cfg, log=lambda *_: None)
     lr = cfg.optimizer.lr
     for _ in range(args.warmup):
-        trainer.train_step([tokens], lr, thermometers=True)
+        trainer.train_step([tokens], lr, activation_stats=True)
         trainer.train_step([tokens], lr)
     plain, thermo = [], []
     for round_no in range(args.rounds * args.steps):
         order = (False, True) if round_no % 2 == 0 else (True, False)
         for on in order:
             start = time.perf_counter()
-            trainer.train_step([tokens], lr, thermometers=on)
+            trainer.train_step([tokens], lr, activation_stats=on)
             (thermo if on else plain).append(time.perf_counter() - start)
     return {"plain": plain, "thermo": thermo, "precision": precision}
 
@@ -419,7 +419,7 @@ def report(args, results: dict, optim: dict, loader: dict | None,
                      f"{HIDDEN * std:.1f}; transformers' std is 0.02)")
     if thermo:
         plain, hot = median(thermo["plain"]), median(thermo["thermo"])
-        interval = Config().monitor.thermometer_interval
+        interval = Config().monitor.activation_stats_interval
         extra = max(hot - plain, 0.0) / plain
         rows.append((f"{thermo['precision']} step with thermometers vs without, s", hot, plain,
                      hot / plain, None, None))

@@ -74,7 +74,7 @@ for config in $CONFIGS; do
             train.train_samples=$((STEPS * gbs)) train.log_interval="$LOG" \
             train.eval_interval=0 checkpoint.interval=0 checkpoint.resume=none \
             schedule.warmup=0 \
-            monitor.thermometer_interval=0 monitor.tensorboard=false \
+            monitor.activation_stats_interval=0 monitor.tensorboard=false \
             "$@" >"$run/train.log" 2>&1; then
         echo "$name: the run failed; the end of its log:"
         tail -n 30 "$run/train.log"
