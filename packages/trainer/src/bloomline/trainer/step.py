@@ -51,6 +51,7 @@ def step_source_totals(per_sample: torch.Tensor, sources: torch.Tensor, num_sour
 
 
 def set_learning_rate(optimizer, lr: float) -> None:
+    """This step's learning rate in every param group (the schedule is computed outside)."""
     for group in optimizer.param_groups:
         group["lr"] = lr
 
