@@ -7,7 +7,7 @@
 # micro-batch, global batch and sequence length, on the demo corpus (built here offline with
 # the dataprep commands of `make demo` when build/demo/corpus has no token files; the
 # recipe's model vocabulary of 50304 covers the demo tokenizer's 8000). No evaluation, no
-# thermometers, no TensorBoard; the run folder goes to a temporary directory that is deleted
+# activation stats, no TensorBoard; the run folder goes to a temporary directory that is deleted
 # afterwards (the trainer writes a final checkpoint: ~16 GB for 1.3B, so keep the disk free).
 # From the run's metrics.jsonl it prints the median over the logged windows after the first
 # WARMUP steps (compilation, allocator warm-up) of: tokens/s (global and per GPU), step time,
@@ -74,7 +74,7 @@ for config in $CONFIGS; do
             train.train_samples=$((STEPS * gbs)) train.log_interval="$LOG" \
             train.eval_interval=0 checkpoint.interval=0 checkpoint.resume=none \
             schedule.warmup=0 \
-            monitor.thermometer_interval=0 monitor.tensorboard=false \
+            monitor.activation_stats_interval=0 monitor.tensorboard=false \
             "$@" >"$run/train.log" 2>&1; then
         echo "$name: the run failed; the end of its log:"
         tail -n 30 "$run/train.log"

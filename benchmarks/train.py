@@ -1,5 +1,5 @@
 """Training-step throughput of ``Trainer.train_step`` against transformers' BloomForCausalLM,
-the AdamW step alone, the data loader against what the model consumes, and the thermometers'
+the AdamW step alone, the data loader against what the model consumes, and the activation stats'
 cost. Run: ``make bench-train`` or ``python -m benchmarks.train [--quick] [--compile]
 [--diagnose]``.
 
@@ -35,7 +35,7 @@ the model consumes. A precision the CPU has no fast oneDNN path for is skipped w
 in its target line. The load of other processes is printed per round.
 
 Targets: ours >= 1.2x transformers' tokens/s in each precision; loader >= 20x the model's
-consumption; thermometers < 2% of step time. Run times and results: ``benchmarks/results/train.md``
+consumption; activation stats < 2% of step time. Run times and results: ``benchmarks/results/train.md``
 and ``results/bench_train.txt``.
 """
 
@@ -150,23 +150,23 @@ def measure_steps(precision: str, args, tokens: torch.Tensor) -> dict:
             "notes": notes}
 
 
-def measure_thermometers(args, tokens: torch.Tensor, precision: str) -> dict:
-    """Our step with the thermometers on against the same step without, alternating within
+def measure_activation_stats(args, tokens: torch.Tensor, precision: str) -> dict:
+    """Our step with the activation stats on against the same step without, alternating within
     each round (the same trainer, so the same weights and caches)."""
     cfg = trainer_config(precision)
     trainer = Trainer(cfg, log=lambda *_: None)
     lr = cfg.optimizer.lr
     for _ in range(args.warmup):
-        trainer.train_step([tokens], lr, thermometers=True)
+        trainer.train_step([tokens], lr, activation_stats=True)
         trainer.train_step([tokens], lr)
-    plain, thermo = [], []
+    plain, stats = [], []
     for round_no in range(args.rounds * args.steps):
         order = (False, True) if round_no % 2 == 0 else (True, False)
         for on in order:
             start = time.perf_counter()
-            trainer.train_step([tokens], lr, thermometers=on)
-            (thermo if on else plain).append(time.perf_counter() - start)
-    return {"plain": plain, "thermo": thermo, "precision": precision}
+            trainer.train_step([tokens], lr, activation_stats=on)
+            (stats if on else plain).append(time.perf_counter() - start)
+    return {"plain": plain, "stats": stats, "precision": precision}
 
 
 def measure_optimizer(args) -> dict:
@@ -298,18 +298,18 @@ def _step_rows(results: dict, flops: float, rows: list, targets: list, notes: li
                      f"{HIDDEN * std:.1f}; transformers' std is 0.02)")
 
 
-def _thermometer_rows(thermo: dict, rows: list, targets: list, notes: list) -> None:
-    plain, hot = median(thermo["plain"]), median(thermo["thermo"])
-    interval = Config().monitor.thermometer_interval
+def _activation_stats_rows(measured_stats: dict, rows: list, targets: list, notes: list) -> None:
+    plain, hot = median(measured_stats["plain"]), median(measured_stats["stats"])
+    interval = Config().monitor.activation_stats_interval
     extra = max(hot - plain, 0.0) / plain
-    rows.append((f"{thermo['precision']} step with thermometers vs without, s", hot, plain,
+    rows.append((f"{measured_stats['precision']} step with activation stats vs without, s", hot, plain,
                  hot / plain, None, None))
-    targets.append(f"target: thermometers every {interval} steps (the default) cost "
+    targets.append(f"target: activation stats every {interval} steps (the default) cost "
                    f"< 2% of step time: {100 * extra / interval:.3f}% "
-                   f"{'PASS' if extra / interval < 0.02 else 'FAIL'} (one thermometer "
+                   f"{'PASS' if extra / interval < 0.02 else 'FAIL'} (one activation-stats "
                    f"step costs {100 * extra:.1f}% more than a plain one)")
-    notes.append(f"thermometers: {len(thermo['plain'])} alternating pairs of "
-                 f"{thermo['precision']} steps on "
+    notes.append(f"activation stats: {len(measured_stats['plain'])} alternating pairs of "
+                 f"{measured_stats['precision']} steps on "
                  "one trainer (per-layer max |attention logit|, max |MLP output|, max "
                  "|residual| on the first micro-batch, per-layer gradient norms)")
 
@@ -368,8 +368,8 @@ def report(measured: dict) -> int:
     targets: list[str] = []
     notes: list[str] = []
     _step_rows(results, flops, rows, targets, notes)
-    if measured["thermo"]:
-        _thermometer_rows(measured["thermo"], rows, targets, notes)
+    if measured["activation_stats"]:
+        _activation_stats_rows(measured["activation_stats"], rows, targets, notes)
     _optimizer_rows(measured["optim"], rows, notes)
     if measured["loader"]:
         _loader_rows(measured["loader"], results, rows, targets, notes)
@@ -437,7 +437,7 @@ def _skipped_precisions(precisions: list[str]) -> dict[str, str]:
 
 def measure(args: argparse.Namespace) -> dict:
     """Every measurement of the run (progress and the machine header printed as it goes):
-    ``{"args", "results": {precision: rounds}, "skipped", "thermo", "optim", "loader"}``."""
+    ``{"args", "results": {precision: rounds}, "skipped", "activation_stats", "optim", "loader"}``."""
     if args.with_hf:
         try:
             import transformers  # noqa: F401
@@ -457,13 +457,13 @@ def measure(args: argparse.Namespace) -> dict:
     skipped = _skipped_precisions(precisions)
     results = {precision: measure_steps(precision, args, tokens)
                for precision in precisions if precision not in skipped}
-    thermo = None
+    activation_stats = None
     if results:  # the recipe's bf16 where it runs, else what did
-        thermo = measure_thermometers(args, tokens, "bf16" if "bf16" in results
+        activation_stats = measure_activation_stats(args, tokens, "bf16" if "bf16" in results
                                       else next(iter(results)))
     optim = measure_optimizer(args)
     loader = None if args.skip_loader else measure_loader(args)
-    return {"args": args, "results": results, "skipped": skipped, "thermo": thermo,
+    return {"args": args, "results": results, "skipped": skipped, "activation_stats": activation_stats,
             "optim": optim, "loader": loader}
 
 

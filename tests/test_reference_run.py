@@ -44,7 +44,7 @@ RECIPE = ["data.seq_length=32", "data.split=98,2,0", "data.num_workers=0", "data
           f"optimizer.beta2={BETAS[1]}", f"optimizer.eps={EPS}",
           f"optimizer.weight_decay={DECAY}", f"optimizer.clip_grad={CLIP}",
           f"schedule.warmup={WARMUP}", "schedule.style=cosine", "checkpoint.interval=20",
-          "monitor.tensorboard=false", "monitor.thermometer_interval=0",
+          "monitor.tensorboard=false", "monitor.activation_stats_interval=0",
           "monitor.peak_flops=1e12", "spike.enabled=false"]
 
 

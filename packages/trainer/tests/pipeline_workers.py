@@ -24,16 +24,16 @@ def _micro(trainer, batch) -> list[torch.Tensor]:
 
 
 def train_evaluate_inspect(sections: dict) -> dict:
-    """Two steps (thermometers on the second), an evaluation over 7 samples (not a multiple
+    """Two steps (activation stats on the second), an evaluation over 7 samples (not a multiple
     of the micro-batch), and this rank's copy of the tied weight."""
     trainer = Trainer(equivalence_config(**sections), log=lambda *_: None)
     readings = None
     for step, batch in enumerate(_batches(2)):
-        readings = trainer.train_step(_micro(trainer, batch), LR, thermometers=step == 1)
+        readings = trainer.train_step(_micro(trainer, batch), LR, activation_stats=step == 1)
     samples = list(_batches(1, seed=1)[0][:7])
     valid = trainer.evaluate(samples, 7)
     embedding = getattr(trainer.model, "word_embeddings", None)
-    return {"valid": valid["valid_loss"], "thermometers": readings["thermometers"],
+    return {"valid": valid["valid_loss"], "activation_stats": readings["activation_stats"],
             "tied": None if embedding is None else embedding.weight.detach().clone()}
 
 

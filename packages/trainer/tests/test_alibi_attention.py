@@ -119,8 +119,8 @@ def test_flex_attention_matches_sdpa_on_cpu():
         torch.testing.assert_close(flex(x), sdpa(x), atol=1e-4, rtol=1e-4)
 
 
-def test_max_logit_thermometer_sees_the_largest_visible_score():
-    """Catches: the thermometer reading masked (future) positions or forgetting the scale."""
+def test_max_logit_activation_stat_sees_the_largest_visible_score():
+    """Catches: the activation stat reading masked (future) positions or forgetting the scale."""
     attention = _attention("eager", 4)
     attention.track_max_logit = True
     x = torch.randn(1, 8, 48)

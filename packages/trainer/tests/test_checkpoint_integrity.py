@@ -39,9 +39,9 @@ SETTINGS = {"train": {"train_samples": 80, "log_interval": 1},
 
 def _fast_trainers() -> None:
     """Each run times a matmul for 0.5 s to report MFU; these tests do not read it."""
-    import bloomline.trainer.loop as loop
+    import bloomline.trainer.monitor as monitor
 
-    loop.measure_peak_flops = lambda device, dtype: 1e12
+    monitor.measure_peak_flops = lambda device, dtype: 1e12
 
 
 def _losses(run_dir) -> dict[int, float]:

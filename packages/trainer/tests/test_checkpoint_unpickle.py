@@ -53,9 +53,9 @@ WHY = {"metadata": "(a checkpoint's metadata names only DCP's classes); the chec
 
 def _fast_trainers() -> None:
     """Each run times a matmul for 0.5 s to report MFU; these tests do not read it."""
-    import bloomline.trainer.loop as loop
+    import bloomline.trainer.monitor as monitor
 
-    loop.measure_peak_flops = lambda device, dtype: 1e12
+    monitor.measure_peak_flops = lambda device, dtype: 1e12
 
 
 def _step(run_dir) -> Path:

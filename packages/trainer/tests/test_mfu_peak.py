@@ -16,7 +16,7 @@ import pytest
 import torch
 from trainer_fixtures import FakeMeasure, resolve_peak_twice, tiny_config, write_corpus
 
-import bloomline.trainer.loop as loop
+import bloomline.trainer.monitor as monitor
 from bloomline.trainer import mfu as peak
 from bloomline.trainer.loop import Trainer
 from bloomline.trainer.mfu import (
@@ -166,7 +166,7 @@ def test_run_records_the_peak_and_reuses_it_on_resume(corpus, tmp_path, monkeypa
     """Bug: the peak not recorded where a reader looks (first line, config.toml, run_info),
     or measured again on resume instead of read from the run folder's cache."""
     measure = FakeMeasure(5e11)
-    monkeypatch.setattr(loop, "measure_peak_flops", measure)
+    monkeypatch.setattr(monitor, "measure_peak_flops", measure)
     lines: list[str] = []
     cfg = tiny_config(corpus, tmp_path / "run", train={"train_samples": 16, "exit_interval": 2})
     Trainer(cfg, log=lines.append).run()
@@ -193,7 +193,7 @@ def test_low_cached_peak_is_measured_again_not_logged_above_100(corpus, tmp_path
     the run log MFU in the thousands of percent: the first step that beats it measures it
     again, and the better figure is logged, cached and recorded."""
     measure = FakeMeasure(1e15)
-    monkeypatch.setattr(loop, "measure_peak_flops", measure)
+    monkeypatch.setattr(monitor, "measure_peak_flops", measure)
     run = tmp_path / "run"
     _write_cached_peak(run, 1e6)
     lines: list[str] = []
@@ -216,7 +216,7 @@ def test_peak_still_too_low_is_flagged(corpus, tmp_path, monkeypatch):
     such record carries ``mfu_flag`` with the reason, the console says so, and the run does
     not spend its steps measuring (at most twice)."""
     measure = FakeMeasure(2e6)
-    monkeypatch.setattr(loop, "measure_peak_flops", measure)
+    monkeypatch.setattr(monitor, "measure_peak_flops", measure)
     run = tmp_path / "run"
     _write_cached_peak(run, 1e6)
     lines: list[str] = []

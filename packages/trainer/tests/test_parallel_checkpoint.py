@@ -42,7 +42,7 @@ def _config(corpus: str, run_dir, parallel: dict, resume: str = "none",
     cfg.optimizer.lr, cfg.optimizer.clip_grad = 3e-3, 1.0
     cfg.schedule.warmup = 2
     cfg.checkpoint.interval, cfg.checkpoint.resume = 0, resume
-    cfg.monitor.tensorboard, cfg.monitor.thermometer_interval = False, 0
+    cfg.monitor.tensorboard, cfg.monitor.activation_stats_interval = False, 0
     for key, value in parallel.items():
         setattr(cfg.parallel, key, value)
     return cfg
@@ -50,9 +50,9 @@ def _config(corpus: str, run_dir, parallel: dict, resume: str = "none",
 
 def _no_peak_measurement() -> None:
     """Each run times a matmul for 0.5 s to report MFU; these tests do not read it."""
-    import bloomline.trainer.loop as loop
+    import bloomline.trainer.monitor as monitor
 
-    loop.measure_peak_flops = lambda device, dtype: 1e12
+    monitor.measure_peak_flops = lambda device, dtype: 1e12
 
 
 def _full_state(trainer: Trainer) -> dict:

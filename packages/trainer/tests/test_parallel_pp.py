@@ -245,10 +245,10 @@ def test_pp2_dp2_tp2_trains_like_one_process():
         assert_same(want, got)
 
 
-def test_pp2_tied_copies_evaluation_and_thermometers():
+def test_pp2_tied_copies_evaluation_and_activation_stats():
     """Bug: the last stage's copy of the tied embedding drifts from the first stage's (no
     gradient all-reduce, or a different update), evaluation under pipelining averages
-    micro-batches wrongly or fails on a remainder, or the per-layer thermometers come back
+    micro-batches wrongly or fails on a remainder, or the per-layer activation stats come back
     for one stage's layers only or out of order."""
     want = train_evaluate_inspect(ADAM)
     got = run_distributed(2, train_evaluate_inspect,
@@ -258,9 +258,10 @@ def test_pp2_tied_copies_evaluation_and_thermometers():
     assert torch.allclose(got[0]["tied"], want["tied"], atol=1e-6)
     for rank in got:
         assert rank["valid"] == pytest.approx(want["valid"], rel=1e-6)
-        for key, values in want["thermometers"].items():
-            assert len(rank["thermometers"][key]) == 4
-            assert rank["thermometers"][key] == pytest.approx(values, rel=1e-4, abs=1e-6), key
+        for key, values in want["activation_stats"].items():
+            assert len(rank["activation_stats"][key]) == 4
+            assert rank["activation_stats"][key] == pytest.approx(values, rel=1e-4,
+                                                                  abs=1e-6), key
 
 
 def test_pp2_checkpoint_resumes_exactly(tmp_path):

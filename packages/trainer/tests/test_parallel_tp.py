@@ -2,7 +2,7 @@
 
 Each layout trains the equivalence model 5 steps in 2 (or 4) gloo processes and is compared
 with the single-process run: losses, gradient norms (the clipped norm over DTensor
-gradients), every gathered parameter, the thermometer readings of one extra step, and each
+gradients), every gathered parameter, the activation stats of one extra step, and each
 rank's attention heads and ALiBi slopes.
 
 Adam epsilon is 1e-6 in these runs (reference included): Adam divides each gradient element
@@ -34,7 +34,7 @@ ADAM = {"optimizer": {"eps": 1e-6}}
 
 
 def _train_and_probe(sections: dict) -> dict:
-    """run_steps, then one thermometer step and an evaluation on a fresh trainer, and this
+    """run_steps, then one activation-stats step and an evaluation on a fresh trainer, and this
     rank's heads."""
     from bloomline.trainer.loop import Trainer
 
@@ -44,7 +44,8 @@ def _train_and_probe(sections: dict) -> dict:
     batch = torch.randint(0, VOCAB, (GBS, SEQ + 1), generator=torch.Generator().manual_seed(1))
     micro = [batch[k * MBS * dp + rank * MBS: k * MBS * dp + (rank + 1) * MBS]
              for k in range(GBS // (MBS * dp))]
-    result["thermometers"] = trainer.train_step(micro, LR, thermometers=True)["thermometers"]
+    result["activation_stats"] = trainer.train_step(micro, LR,
+                                                    activation_stats=True)["activation_stats"]
     result["valid_loss"] = trainer.evaluate(list(batch), GBS)["valid_loss"]
     model = trainer.model
     result["heads"] = [(b.self_attention.head_start, b.self_attention.num_heads,
@@ -66,7 +67,7 @@ def _assert_matches(reference: dict, results: list[dict], loss_rtol: float = 1e-
                     param_atol: float = 1e-5, readings: tuple[str, ...] = (
                         "max_attention_logit", "max_mlp_output", "max_residual", "grad_norm"),
                     ) -> None:
-    """``readings``: the thermometers to compare (with dp, each rank's maxima come from its
+    """``readings``: the activation stats to compare (with dp, each rank's maxima come from its
     own first micro-batch, not the single process's)."""
     for result in results:
         assert_same_training(reference, result, loss_rtol, param_atol)
@@ -74,8 +75,8 @@ def _assert_matches(reference: dict, results: list[dict], loss_rtol: float = 1e-
             assert got == pytest.approx(want, rel=loss_rtol), "gradient norm (clip) differs"
         assert result["valid_loss"] == pytest.approx(reference["valid_loss"], rel=loss_rtol)
         for key in readings:
-            want = reference["thermometers"][key]
-            assert result["thermometers"][key] == pytest.approx(want, rel=loss_rtol), key
+            want = reference["activation_stats"][key]
+            assert result["activation_stats"][key] == pytest.approx(want, rel=loss_rtol), key
 
 
 def _parallel(**parallel) -> dict:
@@ -90,7 +91,7 @@ def tp2() -> list[dict]:
 def test_tp2_trains_like_one_process(reference, tp2):
     """Bug: a wrong shard (QKV rows not by head, the row-wise bias added on every rank), a
     missing reduction (embedding partial sums, LayerNorm gradients), an untied head, a loss
-    over a vocabulary shard, a clip norm over local gradients, or thermometers that read one
+    over a vocabulary shard, a clip norm over local gradients, or activation stats that read one
     rank's heads (max logit) or local gradients (per-layer norm), or an evaluation loss
     outside loss_parallel."""
     _assert_matches(reference, tp2)
@@ -100,8 +101,8 @@ def test_tp2_trains_like_one_process(reference, tp2):
 
 def test_tp2_sequence_parallel_trains_like_one_process(reference):
     """Bug: a LayerNorm or residual region left replicated or reduced twice, a reduce-scatter
-    on the wrong dimension, the ALiBi bias sized from the local sequence shard, or a
-    thermometer (max |residual|, max |MLP output|) read from one sequence shard."""
+    on the wrong dimension, the ALiBi bias sized from the local sequence shard, or an
+    activation stat (max |residual|, max |MLP output|) read from one sequence shard."""
     results = run_distributed(2, _train_and_probe,
                               _parallel(tensor_parallel=2, sequence_parallel=True))
     _assert_matches(reference, results)

@@ -76,6 +76,7 @@ def _memory_case(parallel: dict) -> dict:
     """Model-state bytes at the end of forward, at the optimizer step and between steps, the
     formula, and the log record's figures."""
     from bloomline.trainer.loop import Trainer
+    from bloomline.trainer.monitor import Window
     from bloomline.trainer.parallel.memory import model_state_bytes, zero_model_state_bytes
 
     trainer = Trainer(equivalence_config(**_sections(parallel=parallel)), log=lambda *_: None)
@@ -104,15 +105,15 @@ def _memory_case(parallel: dict) -> dict:
     batch = _batches(1)[0]
     micro = [batch[k * MBS * dp + rank * MBS: k * MBS * dp + (rank + 1) * MBS]
              for k in range(GBS // (MBS * dp))]
-    result = trainer.train_step(micro, LR, thermometers=True)
+    result = trainer.train_step(micro, LR, activation_stats=True)
     seen["rest"] = model_state_bytes(trainer.model, trainer.optimizer, "cpu", offload)
     seen["formula"] = zero_model_state_bytes(trainer.cfg.model.num_parameters(),
                                              parallel["zero_stage"], dp, offload)
-    window = {"start": 0.0, "tokens": 1, "samples": 1, "steps": 1}
-    record = trainer._record(result, LR, GBS, SEQ, window)
+    trainer.monitor.window = Window(start=0.0, tokens=1, samples=1, steps=1)
+    record = trainer.monitor.train_record(result, LR, GBS, SEQ, trainer.state)
     seen["record"] = {k: v for k, v in record.items() if k.startswith("memory_")
                       and k != "memory_gb"}
-    seen["thermometers"] = sorted(result["thermometers"])
+    seen["activation_stats"] = sorted(result["activation_stats"])
     return seen
 
 
@@ -267,7 +268,7 @@ def test_model_state_memory_matches_zero_formula(runs, stage):
                     assert seen["rest"][key] == want, (key, seen["rest"])
                 record = f"memory_{'host_' if place == 'host' else ''}{kind}_gb"
                 assert seen["record"][record] == pytest.approx(seen["rest"][key] / 1e9)
-        assert seen["thermometers"]  # set_thermometers still reaches the blocks
+        assert seen["activation_stats"]  # set_activation_stats still reaches the blocks
 
 
 @pytest.mark.parametrize("stage", list(STAGES))

@@ -49,9 +49,9 @@ def _last_per_step(run_dir) -> dict[int, float]:
 def _run_pair(corpus: str, root: str, parallel: dict) -> dict:
     """In this process (a rank of a run, or the only one): run A with the spike injected and
     run B given the skip range from the start; their losses, events and final skips."""
-    import bloomline.trainer.loop as loop
+    import bloomline.trainer.monitor as monitor
 
-    loop.measure_peak_flops = lambda device, dtype: 1e12  # not read here; saves 0.5 s a run
+    monitor.measure_peak_flops = lambda device, dtype: 1e12  # not read here; saves 0.5 s a run
     root = Path(root)
     lines: list[str] = []
     os.environ["BLOOMLINE_FAULTS"] = SPIKE

@@ -56,9 +56,9 @@ def _straight_and_resumed(corpus, tmp_path, make_config, matmul: str) -> None:
 
 def test_bf16_run_learns_and_writes_every_metric(corpus, tmp_path, make_config):
     """Catches: a bf16 policy that does not train (loss flat), or a log record missing a
-    metric the monitoring promises (MFU, memory, loss scale, thermometers)."""
+    metric the monitoring promises (MFU, memory, loss scale, activation stats)."""
     cfg = make_config(corpus, tmp_path / "run", precision={"dtype": "bf16"},
-                      monitor={"thermometer_interval": 10, "tensorboard": True},
+                      monitor={"activation_stats_interval": 10, "tensorboard": True},
                       train={"log_interval": 2, "eval_interval": 10, "eval_samples": 8})
     _run(cfg)
     records = _records(tmp_path / "run")
@@ -67,9 +67,9 @@ def test_bf16_run_learns_and_writes_every_metric(corpus, tmp_path, make_config):
                 "seq_length", "global_batch_size", "skipped_steps"):
         assert key in records[-1]
     assert 0 < records[-1]["mfu"] < 1
-    thermo = _records(tmp_path / "run", "thermometer")
-    assert len(thermo) == 2 and len(thermo[0]["max_attention_logit"]) == 2
-    assert all(v > 0 for v in thermo[0]["grad_norm"] + thermo[0]["max_residual"])
+    stats = _records(tmp_path / "run", "activation_stats")
+    assert len(stats) == 2 and len(stats[0]["max_attention_logit"]) == 2
+    assert all(v > 0 for v in stats[0]["grad_norm"] + stats[0]["max_residual"])
     assert _records(tmp_path / "run", "valid")[0]["valid_loss"] > 0
     assert any((tmp_path / "run" / "tensorboard").iterdir())
     assert (tmp_path / "run" / "config.toml").is_file()

@@ -49,7 +49,7 @@ def tiny_config(corpus: str, run_dir, **sections) -> Config:
     cfg.schedule.warmup = 8
     cfg.checkpoint.interval = 0
     cfg.monitor.tensorboard = False
-    cfg.monitor.thermometer_interval = 0
+    cfg.monitor.activation_stats_interval = 0
     for section, values in sections.items():
         for key, value in values.items():
             setattr(getattr(cfg, section), key, value)

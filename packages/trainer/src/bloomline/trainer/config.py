@@ -223,9 +223,9 @@ class WatchdogConfig:
 class MonitorConfig:
     tensorboard: bool = True
     """Write TensorBoard event files into RUN/tensorboard."""
-    thermometer_interval: int = ranged(100, ge=0)
-    """Per-layer max attention logit / activations / grad norms every this many steps
-    (0: off)."""
+    activation_stats_interval: int = ranged(100, ge=0)
+    """Activation stats (per-layer max attention logit / activations / grad norms) every this
+    many steps (0: off)."""
     peak_flops: float = ranged(0.0, ge=0)
     """Matmul peak of one device in FLOP/s, what MFU divides by. 0: a known GPU's dense bf16
     peak, else measured at start-up (best of several tries, before the loader workers start)

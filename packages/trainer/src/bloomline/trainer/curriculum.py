@@ -8,13 +8,15 @@
 - Batch-size rampup (Megatron's ``--rampup-batch-size start increment samples``): the
   global batch grows from ``start`` by ``increment`` every samples / ((global - start) /
   increment) consumed samples, rounded down to a multiple of micro-batch x data-parallel.
+- The run's length follows: ``total_steps`` counts the global batches until the train
+  samples run out, and ``schedule_progress`` places the learning-rate schedule.
 """
 
 from __future__ import annotations
 
 from bloomline.trainer.config import Config
 
-__all__ = ["global_batch_size", "sequence_length"]
+__all__ = ["global_batch_size", "schedule_progress", "sequence_length", "total_steps"]
 
 
 def sequence_length(cfg: Config, consumed_tokens: int) -> int:
@@ -39,3 +41,24 @@ def global_batch_size(cfg: Config, consumed_samples: int, data_parallel: int = 1
     size = min(final, start + int(consumed_samples / per_increment) * increment)
     step = cfg.train.micro_batch_size * data_parallel
     return max(step, size // step * step)
+
+
+def total_steps(cfg: Config, data_parallel: int, skips) -> int:
+    """Steps of the whole run: global batches until the train samples run out (samples in
+    ``skips``, a ``SkipRanges``, count as consumed)."""
+    consumed, steps = 0, 0
+    while True:
+        size = global_batch_size(cfg, consumed, data_parallel)
+        following = skips.advance(consumed, size)
+        if following > cfg.train.train_samples:
+            return steps
+        consumed = following
+        steps += 1
+
+
+def schedule_progress(cfg: Config, state: dict) -> tuple[int, int]:
+    """(done, total) of the run in ``schedule.unit`` (tokens or samples), from the trainer's
+    counters: where the learning-rate schedule stands."""
+    if cfg.schedule.unit == "tokens":
+        return state["consumed_tokens"], cfg.train.train_samples * cfg.data.seq_length
+    return state["consumed_samples"], cfg.train.train_samples

@@ -24,10 +24,11 @@ from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 from bloomline.common.errors import UserError
 from bloomline.dataprep import IndexRequest, build_sample_datasets
 from bloomline.trainer.config import DataConfig
+from bloomline.trainer.survival import faults
 from bloomline.trainer.survival.sample_skips import SkipRanges
 
-__all__ = ["MegatronSampler", "TokenSamples", "close_loader", "make_loader", "open_splits",
-           "check_vocabulary", "load_run_tokenizer"]
+__all__ = ["MegatronSampler", "StepBatches", "TokenSamples", "check_token_ids", "close_loader",
+           "make_loader", "open_splits", "check_vocabulary", "load_run_tokenizer"]
 
 
 class TokenSamples(Dataset):
@@ -162,6 +163,38 @@ def make_loader(samples: TokenSamples, sampler: MegatronSampler, num_workers: in
                   "worker_init_fn": _init_worker}
     return _Loader(samples, batch_sampler=sampler, num_workers=num_workers,
                    collate_fn=_keep_batch, pin_memory=pin_memory, **kwargs)
+
+
+class StepBatches:
+    """The micro-batches of each training step from a position of the train split, and the
+    sample ids of each micro-batch when ``with_ids`` (a blend's per-source losses) or when
+    ``spike@batch`` faults are injected: their micro-batches come corrupted here
+    (``survival/faults.py``), so the loop never sees the test hook.
+
+    Owns the loader's worker processes: ``close`` (or a new ``StepBatches`` after a rollback)
+    ends them.
+    """
+
+    def __init__(self, sampler: MegatronSampler, loader: DataLoader, with_ids: bool,
+                 vocab_size: int) -> None:
+        self._batches = iter(loader)
+        self.vocab_size = vocab_size
+        wants_ids = with_ids or bool(faults.spike_samples())
+        # the sampler again, in this process: the ids of the micro-batches the workers read
+        self._ids = iter(sampler) if wants_ids else None
+
+    def next_step(self, count: int, length: int
+                  ) -> tuple[list[torch.Tensor], list[list[int]] | None]:
+        """The next ``count`` micro-batches cut to ``length`` + 1 tokens ([mbs, L + 1]), and
+        their sample ids (None unless asked for or needed by a fault)."""
+        micro = [next(self._batches)[:, : length + 1] for _ in range(count)]
+        ids = [next(self._ids) for _ in micro] if self._ids is not None else None
+        if ids is not None:  # unchanged unless spike faults are injected
+            micro = faults.corrupt_spiked(micro, ids, self.vocab_size)
+        return micro, ids
+
+    def close(self) -> None:
+        close_loader(self._batches)
 
 
 # Loader workers and the end of the trainer process
@@ -302,3 +335,13 @@ def check_vocabulary(data: DataConfig, model_vocab: int) -> int | None:
 
         check_tokenizer_matches(corpus_prefixes(data.corpus), tokenizer, "data.tokenizer")
     return tokenizer.vocab_size
+
+
+def check_token_ids(micro_batches: list[torch.Tensor], vocab_size: int, corpus: str,
+                    step: int) -> None:
+    """Refuse a step's batch holding a token id the model's vocabulary has no row for."""
+    largest = max(int(batch.max()) for batch in micro_batches)
+    if largest >= vocab_size:
+        raise UserError(f"data.corpus {corpus}: token id {largest} in the batch of step "
+                        f"{step} is >= model.vocab_size {vocab_size}: the data's vocabulary "
+                        "is larger than the model's")

@@ -1,5 +1,6 @@
-"""Evaluation: the loss of a split's blend and of each dataset in it, the per-source train
-loss from the blend's provenance, and ``trainer evaluate``.
+"""Validation and ``trainer evaluate``: the loss of a split's blend and of each dataset in it,
+and the blend's provenance behind the per-source train loss. The loss functions themselves
+are ``losses.py``'s.
 
 Mental model:
 
@@ -17,9 +18,9 @@ Mental model:
 - The per-source train loss needs no forward of its own: at log steps the loop asks
   ``train_step`` for each sample's loss (the fused loss computes them anyway, see
   ``model/loss.py``; tp and pp take them from the logits' cross-entropy), sums them per dataset
-  of the blend (``sample_sources``: ``dataset_index`` of the step's sample ids) with counts,
-  sums over dp, and on pp takes them from the last stage. The count-weighted mean of the
-  per-source losses is the step's loss (equal-length samples).
+  of the blend (``sample_sources``: ``dataset_index`` of the step's sample ids) with counts
+  (``losses.source_totals``), sums over dp, and on pp takes them from the last stage. The
+  count-weighted mean of the per-source losses is the step's loss (equal-length samples).
 """
 
 from __future__ import annotations
@@ -31,15 +32,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
-from torch.distributed.tensor import DTensor
 
 from bloomline.common.errors import UserError
+from bloomline.trainer.losses import per_sample_means
 
 __all__ = ["EvalRow", "SplitEvaluation", "batched_sample_losses", "blend_of",
-           "evaluate_checkpoint", "evaluate_split", "perplexity", "per_sample_means",
-           "sample_sources", "source_loss_record", "source_totals", "token_cross_entropy",
-           "valid_console_line"]
+           "evaluate_checkpoint", "evaluate_split", "perplexity", "sample_sources"]
 
 SPLITS = ("valid", "test")
 
@@ -47,26 +45,6 @@ SPLITS = ("valid", "test")
 def perplexity(loss: float) -> float:
     """exp(loss), capped (exp(80) ~ 5.5e34) so that a diverged run logs a number, not inf."""
     return math.exp(min(loss, 80.0))
-
-
-# -- per-sample losses ----------------------------------------------------------------------
-def per_sample_means(token_losses: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """[b, L] token losses (0 where a label is ignored) -> [b] mean over each sample's
-    counted tokens, fp32."""
-    counts = (labels >= 0).sum(dim=1).clamp(min=1)
-    return token_losses.float().sum(dim=1) / counts
-
-
-def token_cross_entropy(logits: torch.Tensor,
-                        labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The mean fp32 cross-entropy of ``logits`` [b, L, V] (a vocabulary-sharded DTensor under
-    tp, inside ``loss_parallel()``) and each token's loss [b, L] (detached): the loop's
-    ``lm_loss`` and the per-sample losses from one log-softmax."""
-    tokens = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), reduction="none")
-    loss = tokens.sum() / (labels >= 0).sum()  # ignored labels (-100) count 0, as "mean" does
-    if isinstance(tokens, DTensor):  # replicated over tp
-        tokens, loss = tokens.to_local(), loss.to_local()
-    return loss, tokens.detach().view(labels.shape)
 
 
 def batched_sample_losses(forward: Callable[[torch.Tensor], torch.Tensor],
@@ -99,25 +77,6 @@ def sample_sources(samples, ids: list[list[int]]) -> torch.Tensor | None:
         return None
     flat = np.asarray([i for batch in ids for i in batch], dtype=np.int64)
     return torch.from_numpy(np.asarray(blend.dataset_index[flat], dtype=np.int64))
-
-
-def source_totals(per_sample: torch.Tensor, sources: torch.Tensor,
-                  num_sources: int) -> torch.Tensor:
-    """[2, num_sources] float64: per dataset, the sum of its samples' losses and their count.
-    Sums, not means, so that ranks (dp) and stages add them up before anyone divides."""
-    totals = torch.zeros(2, num_sources, dtype=torch.float64, device=per_sample.device)
-    sources = sources.to(per_sample.device)
-    totals[0].index_add_(0, sources, per_sample.double())
-    totals[1].index_add_(0, sources, torch.ones_like(per_sample, dtype=torch.float64))
-    return totals
-
-
-def source_loss_record(totals, names: list[str], prefix: str = "train") -> dict[str, float]:
-    """``{"train_loss/NAME": mean}`` for every dataset with samples in ``totals`` ([sums,
-    counts], as ``source_totals``)."""
-    sums, counts = totals
-    return {f"{prefix}_loss/{name}": float(s) / float(c)
-            for name, s, c in zip(names, sums, counts, strict=True) if c > 0}
 
 
 # -- evaluating a split ----------------------------------------------------------------------
@@ -246,17 +205,6 @@ def evaluate_split(sample_losses: Callable[[Sequence[torch.Tensor]], torch.Tenso
 def _mean(values) -> float:
     values = list(values.tolist() if hasattr(values, "tolist") else values)
     return math.fsum(values) / max(1, len(values))
-
-
-def valid_console_line(record: dict, split: str = "valid") -> str:
-    """``step 300 | valid loss 5.1300 | ppl 169.02 | en 4.98 · code 5.60``: the blend, then
-    each dataset's loss (two decimals: it is a glance; metrics.jsonl has them all)."""
-    line = (f"step {record['step']} | {split} loss {record[f'{split}_loss']:.4f} | "
-            f"ppl {record[f'{split}_ppl']:.2f}")
-    prefix = f"{split}_loss/"
-    parts = [f"{key[len(prefix):]} {value:.2f}" for key, value in record.items()
-             if key.startswith(prefix)]
-    return line + (" | " + " · ".join(parts) if parts else "")
 
 
 # -- trainer evaluate ------------------------------------------------------------------------

@@ -1,6 +1,7 @@
-"""Monitoring: metrics.jsonl and TensorBoard scalars each log step, a console line, memory,
-and the thermometers (per-layer maxima and grad norms). The peak FLOP/s that MFU divides by is
-``mfu.py``'s.
+"""The metrics sink and the readings it records: ``MetricsWriter`` appends records to
+RUN/metrics.jsonl and mirrors their numbers to TensorBoard; ``memory_bytes`` and
+``activation_stats`` (per-layer maxima and gradient norms) read the device and the model.
+What goes into a record, and the console line, is ``monitor.py``'s.
 """
 
 from __future__ import annotations
@@ -13,11 +14,7 @@ from pathlib import Path
 import torch
 from torch.distributed.tensor import DTensor, Partial
 
-# re-exported from its old home here, for code that imports it from metrics
-from bloomline.trainer.mfu import measure_peak_flops
-
-__all__ = ["MetricsWriter", "measure_peak_flops", "memory_bytes", "thermometer_readings",
-           "console_line"]
+__all__ = ["MetricsWriter", "activation_stats", "memory_bytes"]
 
 
 def memory_bytes(device: torch.device) -> int:
@@ -27,7 +24,7 @@ def memory_bytes(device: torch.device) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def thermometer_readings(model) -> dict[str, list[float]]:
+def activation_stats(model) -> dict[str, list[float]]:
     """Per-layer max |attention logit|, max |MLP output|, max |residual stream| of the last
     tracked forward, and per-layer gradient norms. Under tensor parallelism a block records
     its rank's heads and sequence shard; the maxima are taken over its ``tp_mesh`` (which
@@ -53,26 +50,6 @@ def _max_over(value: torch.Tensor | None, mesh) -> float:
         return float(value or 0.0)
     value = torch.zeros((), device=mesh.device_type) if value is None else value
     return float(DTensor.from_local(value, mesh, (Partial("max"),), run_check=False).full_tensor())
-
-
-def console_line(record: dict, total_steps: int | None) -> str:
-    step = f"step {record['step']}" + (f"/{total_steps}" if total_steps else "")
-    parts = [step, f"loss {record['loss']:.4f}", f"lr {record['lr']:.2e}",
-             f"gnorm {record['grad_norm']:.3f}", f"{record['tokens_per_s']:,.0f} tok/s",
-             f"mfu {100 * record['mfu']:.1f}%"
-             + (" (measurement error: see mfu_flag)" if record.get("mfu_flag") else ""),
-             f"seq {record['seq_length']}",
-             f"gbs {record['global_batch_size']}", f"mem {record['memory_gb']:.2f} GB"]
-    if record.get("loss_scale") is not None:
-        parts.append(f"scale {record['loss_scale']:g}")
-    if record.get("skipped_steps"):
-        parts.append(f"skipped {record['skipped_steps']}")
-    # a blend's per-source losses of this step (evaluation.py), compactly at the end
-    sources = [f"{key.split('/', 1)[1]} {value:.2f}" for key, value in record.items()
-               if key.startswith("train_loss/")]
-    if sources:
-        parts.append(" · ".join(sources))
-    return " | ".join(parts)
 
 
 class MetricsWriter:
@@ -105,9 +82,9 @@ class MetricsWriter:
                     continue
                 if isinstance(value, int | float):
                     self._tb.add_scalar(f"{record.get('kind', 'train')}/{key}", value, step)
-                elif isinstance(value, list) and record.get("kind") == "thermometer":
+                elif isinstance(value, list) and record.get("kind") == "activation_stats":
                     for layer, v in enumerate(value):
-                        self._tb.add_scalar(f"thermometer/{key}/layer_{layer}", v, step)
+                        self._tb.add_scalar(f"activation_stats/{key}/layer_{layer}", v, step)
 
     def close(self) -> None:
         if self._tb is not None:

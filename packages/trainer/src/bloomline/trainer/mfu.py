@@ -2,17 +2,14 @@
 the run folder, and checked against what the run achieves.
 
 A peak measured while something else holds the cores is too low, and every MFU logged against
-it too high: on a 2-core AMD EPYC a start-up measurement read 179 GFLOP/s in bf16 where the
-machine does 384-392 alone, and ``make demo`` logged MFU 108-110%. Hence:
+it too high (measurements: docs/perf/trainer-step.md). Hence:
 
 - ``measure_peak_flops`` warms up, then runs back-to-back tries of ~20 ms of products each and
   keeps the best. Other work can only slow a try down, never speed it up, so the best try is
   the estimate of the idle machine; 20 ms is long against timer and thread wake-up noise and
   short against a competing process's time slices, so a quiet moment is caught when there is
   one. It goes on for at least ``seconds`` and until two more tries came within 3% of the best
-  (the machine was quiet more than once), at most ``max_seconds``. Under a 4-thread matmul
-  load on 2 cores of that EPYC (~430 GFLOP/s idle in bf16), a plain 0.5 s average read 160-190,
-  the best try 320-415.
+  (the machine was quiet more than once), at most ``max_seconds``.
 - The trainer measures before its loader workers, TensorBoard writer and checkpoint threads
   start, and caches the figure in ``RUN/peak_flops.json`` under a key of what the figure
   depends on (host, processor, device type, dtype, threads, ranks per host, torch version):

@@ -72,7 +72,7 @@ def build_optimizer(model: nn.Module, cfg: OptimizerConfig) -> torch.optim.Optim
     betas = (cfg.beta1, cfg.beta2)
     if cfg.name == "lamb":
         return Lamb(groups, lr=cfg.lr, betas=betas, eps=cfg.eps)
-    # fused: one kernel over all tensors; on CPU 3x the foreach path (benchmarks.train --diagnose)
+    # fused: one kernel over all tensors, faster than foreach (docs/perf/trainer-step.md)
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=betas, eps=cfg.eps, fused=True)
 
 

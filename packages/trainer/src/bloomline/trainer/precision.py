@@ -13,8 +13,9 @@
 - ``fp32``: no autocast, no scaler.
 - ``auto``: bf16 where the device multiplies bf16 matrices natively, else fp32
   (``resolve_dtype``). A CPU without oneDNN's AVX-512 bf16 path (an AVX2-only machine) runs
-  bf16 matmuls through a reference kernel some 100x slower than fp32: ``auto`` picks fp32
-  there, and an explicit ``bf16``/``fp16`` on such a CPU gets a warning instead.
+  bf16 matmuls through a far slower reference kernel: ``auto`` picks fp32 there, and an
+  explicit ``bf16``/``fp16`` on such a CPU gets a warning instead (measurements:
+  docs/perf/trainer-step.md).
 """
 
 from __future__ import annotations

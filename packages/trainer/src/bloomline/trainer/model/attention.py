@@ -91,7 +91,7 @@ class Attention(nn.Module):
         local = self.num_heads * self.head_dim
         self.query_key_value = Linear(cfg.hidden_size, 3 * local)
         self.dense = Linear(local, cfg.hidden_size)
-        # thermometer: when set, forward records max |score + bias| over the causal region
+        # activation stats: when set, forward records max |score + bias| over the causal region
         self.track_max_logit = False
         self.max_logit: torch.Tensor | None = None
 

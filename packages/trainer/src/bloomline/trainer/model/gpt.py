@@ -49,7 +49,7 @@ class Block(nn.Module):
                                                   cfg.layernorm_fp32)
         self.mlp = MLP(cfg)
         self.dropout = cfg.hidden_dropout
-        # thermometer: when set, forward keeps max |MLP output| and max |residual stream|
+        # activation stats: when set, forward keeps max |MLP output| and max |residual stream|
         self.track_activations = False
         self.max_mlp_output: torch.Tensor | None = None
         self.max_residual: torch.Tensor | None = None
@@ -150,7 +150,7 @@ class GPT(nn.Module):
                 module.weight.fill_(1.0)
                 module.bias.zero_()
 
-    def set_thermometers(self, enabled: bool) -> None:
+    def set_activation_stats(self, enabled: bool) -> None:
         """Record per-layer max |attention logit|, max |MLP output| and max |residual| on the
         next forward passes (a few extra reductions and one score matmul per layer)."""
         for block in self.h.values():

@@ -73,7 +73,7 @@ def apply_data_parallel(model: nn.Module, dp_mesh, cfg) -> nn.Module:
     """Apply ``cfg.parallel.zero_stage`` (and ``offload``) over ``dp_mesh`` to ``model`` in
     place, per block then at the root; returns it. ``dp_mesh`` None (one process): nothing to
     shard, and offload is refused (FSDP2 needs a process group). The model keeps its methods
-    (``set_thermometers``...) and gains FSDP2's (``set_requires_gradient_sync``...)."""
+    (``set_activation_stats``...) and gains FSDP2's (``set_requires_gradient_sync``...)."""
     if dp_mesh is None:
         if cfg.parallel.offload:
             raise UserError("parallel.offload needs torch.distributed: run with 2 or more "

@@ -40,7 +40,6 @@ Mental model:
 
 from __future__ import annotations
 
-import math
 from contextlib import nullcontext
 
 import torch
@@ -55,7 +54,16 @@ from torch.distributed.pipelining import (
 )
 
 from bloomline.common.errors import UserError
+from bloomline.trainer.losses import per_sample_means, token_cross_entropy
+from bloomline.trainer.metrics import activation_stats
 from bloomline.trainer.parallel.partition import partition_layers
+from bloomline.trainer.step import (
+    dp_mean,
+    finish_step,
+    max_norm,
+    set_learning_rate,
+    step_source_totals,
+)
 
 __all__ = ["Pipeline", "build_pipeline", "num_pipeline_stages", "stage_view"]
 
@@ -260,8 +268,6 @@ class Pipeline:
         if self._sample_losses is None:
             loss = self.loss_fn(logits, labels)
         else:
-            from bloomline.trainer.evaluation import per_sample_means, token_cross_entropy
-
             loss, token_losses = token_cross_entropy(logits, labels)
             self._sample_losses.append(per_sample_means(token_losses, labels))
         self._losses.append(loss.detach())
@@ -278,7 +284,7 @@ class Pipeline:
         return self.num_stages - 1 in self.stage_ids
 
     def _run(self, tokens: torch.Tensor, count: int, training: bool,
-             thermometers: bool = False, per_sample: bool = False) -> torch.Tensor:
+             activation_stats: bool = False, per_sample: bool = False) -> torch.Tensor:
         """One schedule step over ``tokens`` [b, L + 1] split into ``count`` micro-batches;
         returns the per-micro-batch losses on every rank ([count], fp32). With
         ``per_sample``, the last stage also keeps each sample's loss in
@@ -287,7 +293,7 @@ class Pipeline:
         shape = (tokens.shape[0] // count, tokens.shape[1] - 1)
         schedule, stages = self._schedule(count, shape, training)
         for stage in stages:
-            stage.thermometers = thermometers
+            stage.activation_stats = activation_stats
         self._losses = []
         self._sample_losses = [] if per_sample else None
         self._loss_divisor = count
@@ -313,15 +319,15 @@ class Pipeline:
         return losses
 
     def train_step(self, micro_batches: list[torch.Tensor], lr: float, optimizer, precision,
-                   thermometers: bool = False, sources: torch.Tensor | None = None,
+                   activation_stats: bool = False, sources: torch.Tensor | None = None,
                    num_sources: int = 0) -> dict:
         """``Trainer.train_step`` under pipeline parallelism: the schedule runs forward and
         backward over the step's micro-batches (concatenated, then split by the schedule into
         ``parallel.pipeline_microbatches``), then the tied gradients are summed, the norm
-        clipped over all stages, and the optimizer steps (or every rank skips). ``sources``:
-        as ``Trainer.train_step`` (the per-source sums come from the last stage)."""
-        for group in optimizer.param_groups:
-            group["lr"] = lr
+        clipped over all stages, and ``step.finish_step`` steps (or every rank skips).
+        ``sources``: as ``Trainer.train_step`` (the per-source sums come from the last
+        stage)."""
+        set_learning_rate(optimizer, lr)
         self._scaler = precision.scaler
         tokens = torch.cat(list(micro_batches))
         samples = tokens.shape[0]
@@ -329,36 +335,23 @@ class Pipeline:
         self._check_microbatches(count, samples)
         for chunk in self.chunks:
             chunk.train()
-        losses = self._run(tokens, count, training=True, thermometers=thermometers,
+        losses = self._run(tokens, count, training=True, activation_stats=activation_stats,
                            per_sample=sources is not None)
         for chunk in self.chunks:
-            chunk.set_thermometers(False)
-        loss = self._mean_over_data_parallel(losses.mean())
+            chunk.set_activation_stats(False)
+        loss = dp_mean(losses.mean(), self.dp_group)
         totals = None
         if sources is not None:
-            from bloomline.trainer.evaluation import source_totals
-
             # zeros off the last stage: summed over dp everywhere, then the last stage's sent
-            totals = self._sum_over_data_parallel(
-                source_totals(self.last_sample_losses, sources, num_sources))
+            totals = step_source_totals(self.last_sample_losses, sources, num_sources,
+                                        self.dp_group)
             dist.broadcast(totals, group=self.pp_group, group_src=self.layout.pp - 1)
         self.tied.all_reduce_grad()
         if self._scaler is not None:
             self._unscale(optimizer)  # an inf/NaN on any stage: every rank skips
-        grad_norm = self.clip_grad_norm(self.cfg.optimizer.clip_grad or math.inf)
-        finite = bool(torch.isfinite(grad_norm)) and bool(torch.isfinite(loss))
-        result = {"loss": float(loss), "grad_norm": float(grad_norm), "skipped": not finite}
-        if totals is not None:
-            result["source_totals"] = totals.tolist()
-        if thermometers:
-            result["thermometers"] = self.thermometer_readings()
-        if self._scaler is not None:
-            self._scaler.step(optimizer)
-            self._scaler.update()
-        elif finite:
-            optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return result
+        grad_norm = self.clip_grad_norm(max_norm(self.cfg.optimizer.clip_grad))
+        return finish_step(optimizer, self._scaler, loss, grad_norm, totals,
+                           self.activation_stats if activation_stats else None)
 
     def _unscale(self, optimizer) -> None:
         """fp16: unscale, then share the inf/NaN finding of every stage with every rank, so
@@ -372,18 +365,6 @@ class Pipeline:
         found = scaler._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
         for flag in found.values():
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-
-    def _mean_over_data_parallel(self, value: torch.Tensor) -> torch.Tensor:
-        if self.dp_group is None:
-            return value
-        return self._sum_over_data_parallel(value) / self.layout.dp
-
-    def _sum_over_data_parallel(self, value: torch.Tensor) -> torch.Tensor:
-        if self.dp_group is None:
-            return value
-        value = value.clone()
-        dist.all_reduce(value, op=dist.ReduceOp.SUM, group=self.dp_group)
-        return value
 
     @torch.no_grad()
     def sample_losses(self, samples) -> torch.Tensor:
@@ -453,11 +434,9 @@ class Pipeline:
                 merged.setdefault(name, value)
         return dict(sorted(merged.items(), key=lambda item: _whole_model_order(item[0])))
 
-    def thermometer_readings(self) -> dict[str, list[float]]:
-        """Per-layer readings of all stages, in layer order, on every rank."""
-        from bloomline.trainer.metrics import thermometer_readings
-
-        readings = thermometer_readings(self.model)
+    def activation_stats(self) -> dict[str, list[float]]:
+        """Per-layer activation stats of all stages, in layer order, on every rank."""
+        readings = activation_stats(self.model)
         mine = {int(name): {key: values[i] for key, values in readings.items()}
                 for i, name in enumerate(self.model.h.keys())}
         gathered: list = [None] * self.layout.pp
@@ -467,14 +446,14 @@ class Pipeline:
 
 
 class _Stage(PipelineStage):
-    """A PipelineStage whose thermometers (when armed) record micro-batch 0's forward, as the
-    loop without pipelining does (not the shape-inference forward, nor the last
+    """A PipelineStage whose activation stats (when armed) record micro-batch 0's forward, as
+    the loop without pipelining does (not the shape-inference forward, nor the last
     micro-batch's)."""
 
-    thermometers = False
+    activation_stats = False
 
     def forward_one_chunk(self, fwd_chunk_id, *args, **kwargs):
-        self.submod.set_thermometers(self.thermometers and fwd_chunk_id == 0)
+        self.submod.set_activation_stats(self.activation_stats and fwd_chunk_id == 0)
         return super().forward_one_chunk(fwd_chunk_id, *args, **kwargs)
 
 

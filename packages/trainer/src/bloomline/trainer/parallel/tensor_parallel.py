@@ -29,9 +29,9 @@ Mental model (Megatron-LM's layout, written as torch's parallel styles):
   a DTensor (global shape) up to the first block so that ``GPT.attention_bias`` (the position
   encoding's bias) sees the full sequence length, and each block's input hook turns it local.
 
-Thermometers (max |attention logit|, max |MLP output|, max |residual|) are per-rank values
-inside a block (local heads, local sequence shard); each block gets ``tp_mesh`` and
-``metrics.thermometer_readings`` takes the max over it, so the readings equal one process's
+Activation stats (max |attention logit|, max |MLP output|, max |residual|) are per-rank
+values inside a block (local heads, local sequence shard); each block gets ``tp_mesh`` and
+``metrics.activation_stats`` takes the max over it, so the readings equal one process's
 (at reading time: a forward hook would be undone by activation checkpointing's replay).
 
 Dropout note: dropout on local tensors draws from each rank's own generator, which every rank
@@ -160,7 +160,7 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, cfg) -> nn.Modu
         attention.num_heads = attention.total_heads // tp
         attention.head_start = tp_rank * attention.num_heads
         parallelize_module(block, tp_mesh, _block_plan(sequence_parallel))
-        block.tp_mesh = tp_mesh  # thermometer_readings takes the maxima over it
+        block.tp_mesh = tp_mesh  # activation_stats takes the maxima over it
     parallelize_module(model, tp_mesh, _outer_plan(model, sequence_parallel))
     if sequence_parallel and getattr(model, "ln_f", None) is not None:
         parallelize_module(model.ln_f, tp_mesh, PrepareModuleOutput(

@@ -19,10 +19,14 @@ import json
 from pathlib import Path
 
 from bloomline.common.atomic import atomic_write_bytes
+from bloomline.common.errors import UserError
+from bloomline.trainer import checkpoint as ckpt
 from bloomline.trainer.curriculum import global_batch_size
 from bloomline.trainer.survival.sample_skips import SkipRanges
+from bloomline.trainer.survival.spikes import SpikeFinding
 
-__all__ = ["ROLLBACKS_FILE", "skip_range", "read_rollbacks", "append_rollback"]
+__all__ = ["ROLLBACKS_FILE", "append_rollback", "read_rollbacks", "roll_back", "skip_range",
+           "skips_in_force"]
 
 ROLLBACKS_FILE = "rollbacks.json"
 
@@ -60,3 +64,58 @@ def append_rollback(run_dir: str | Path, event: dict, skips: SkipRanges) -> None
     record["skip_samples"] = skips.to_list()
     atomic_write_bytes(Path(run_dir) / ROLLBACKS_FILE,
                        (json.dumps(record, indent=1) + "\n").encode())
+
+
+def skips_in_force(config_skips: list, state: dict, run_dir: str | Path) -> SkipRanges:
+    """The skips in force at a run's start: the config's, the checkpoint's (``state``), and
+    those of rollbacks after the checkpoint was written (``RUN/rollbacks.json``)."""
+    return SkipRanges([*config_skips, *state.get("skip_samples", []),
+                       *read_rollbacks(run_dir)["skip_samples"]])
+
+
+def roll_back(trainer, finding: SpikeFinding, step: int, monitor) -> bool:
+    """Reload the newest good checkpoint before ``step`` and skip the batches around the
+    spike. False when there is none (or rollbacks are off): the caller goes on as
+    before rollbacks existed (a non-finite step is skipped, a finite spike kept).
+
+    ``trainer`` (a ``loop.Trainer``) provides the run: ``cfg``, ``run_dir``, ``layout``,
+    ``is_main``, ``log``, ``finish_saves()`` and ``load()``, which replaces its ``state`` and
+    ``skips``; this adds the new range to ``trainer.skips`` and counts the rollback in its
+    state. Events go to ``monitor.write`` and, on rank 0, to ``RUN/rollbacks.json``.
+    """
+    cfg = trainer.cfg
+    event = {"kind": "rollback", "step": step, "reason": finding.reason,
+             "loss": finding.value if finding.reason != "grad-norm spike" else None,
+             "value": finding.value, "baseline": finding.baseline,
+             "threshold": finding.threshold}
+    if not cfg.spike.enabled:
+        return False
+    trainer.finish_saves()
+    target = ckpt.latest_checkpoint(trainer.run_dir, before_step=step, log=trainer.log)
+    if target is None:
+        trainer.log(f"step {step}: {finding.describe()}; no checkpoint before it to roll "
+                    "back to")
+        monitor.write({**event, "kind": "spike", "action": "none (no checkpoint)"})
+        return False
+    rollbacks = trainer.state.get("rollbacks", 0) + 1
+    if rollbacks > cfg.spike.max_rollbacks:
+        raise UserError(f"stopping at step {step}: {finding.describe()}, and the run "
+                        f"has rolled back spike.max_rollbacks = {cfg.spike.max_rollbacks}"
+                        f" times already; see {trainer.run_dir / ROLLBACKS_FILE}, lower "
+                        "optimizer.lr or skip more data (train.skip_samples)")
+    trainer.load(target, verified=True)
+    state, skips = trainer.state, trainer.skips
+    start, end = skip_range(cfg, state["step"], state["consumed_samples"], step, skips,
+                            trainer.layout.dp)
+    skips.add(start, end)
+    state["skip_samples"] = skips.to_list()
+    state["rollbacks"] = rollbacks
+    event.update(checkpoint=str(target), checkpoint_step=state["step"],
+                 skip=[start, end], rollbacks=rollbacks)
+    if trainer.is_main:
+        append_rollback(trainer.run_dir, event, skips)
+    monitor.write(event)
+    trainer.log(f"step {step}: {finding.describe()}; rolled back to {target.name} (step "
+                f"{state['step']}) and skipping train samples [{start}, {end}) "
+                f"(rollback {rollbacks} of at most {cfg.spike.max_rollbacks})")
+    return True

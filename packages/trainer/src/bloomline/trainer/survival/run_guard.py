@@ -1,7 +1,8 @@
 """What keeps a long run alive, in one place the training loop consults at each step: the spike
 detector (``spikes.py``), the stop requests of signals and the wall-clock budget
-(``preemption.py``) and the hang watchdog (``watchdog.py``); and, for the run's life, the run
-folder's lock (``run_folder.py``: one trainer per run folder).
+(``preemption.py``), the hang watchdog (``watchdog.py``) and the count of bad (non-finite)
+steps; and, for the run's life, the run folder's lock (``run_folder.py``: one trainer per run
+folder).
 
 ``RunGuard.judge`` is the one point where the ranks agree: each rank's finding (a spike or a
 non-finite value) and stop request go through a single all-reduce (max), so every rank of every
@@ -11,8 +12,10 @@ SIGUSR1 arrived alone would save while the others went on into the next step's c
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
+from bloomline.common.errors import UserError
 from bloomline.trainer.survival.preemption import StopRequests
 from bloomline.trainer.survival.run_folder import RunLock
 from bloomline.trainer.survival.spikes import SpikeDetector, SpikeFinding
@@ -39,6 +42,7 @@ class RunGuard:
         self.watchdog = Watchdog.from_config(cfg, run_dir, rank)
         self.lock = RunLock(run_dir, is_holder=rank == 0)
         self.last_save_seconds = 0.0
+        self.max_bad_steps = cfg.train.max_bad_steps
 
     def start(self) -> None:
         """Take the run folder's lock (collective; a UserError when another trainer holds
@@ -70,3 +74,26 @@ class RunGuard:
         if finding is None:
             self.detector.record(result["loss"], result["grad_norm"])
         return Verdict(finding, reason)
+
+    def count_bad(self, state: dict, result: dict, step: int, loss_scaled: bool, log) -> None:
+        """Count a skipped step in ``state`` (``skipped_steps``, ``bad_in_row``); a good step
+        ends a streak. An fp16 overflow (``loss_scaled`` and a finite loss) is expected, the
+        scaler backs off: it counts as skipped, not as bad.
+
+        Raises:
+            UserError: more than ``train.max_bad_steps`` bad steps in a row.
+        """
+        if not result["skipped"]:
+            state["bad_in_row"] = 0
+            return
+        state["skipped_steps"] += 1
+        if loss_scaled and math.isfinite(result["loss"]):
+            return
+        state["bad_in_row"] += 1
+        log(f"step {step}: non-finite loss {result['loss']} or gradient norm "
+            f"{result['grad_norm']}; step skipped ({state['bad_in_row']} in a row)")
+        if state["bad_in_row"] > self.max_bad_steps:
+            raise UserError(f"stopping: {state['bad_in_row']} consecutive steps with a "
+                            f"non-finite loss or gradient (train.max_bad_steps = "
+                            f"{self.max_bad_steps}); lower optimizer.lr or resume "
+                            "from an earlier checkpoint")
