@@ -35,8 +35,8 @@ the model consumes. A precision the CPU has no fast oneDNN path for is skipped w
 in its target line. The load of other processes is printed per round.
 
 Targets: ours >= 1.2x transformers' tokens/s in each precision; loader >= 20x the model's
-consumption; activation stats < 2% of step time. Run times and results: ``benchmarks/results/train.md``
-and ``results/bench_train.txt``.
+consumption; activation stats < 2% of step time. Run times and results:
+``benchmarks/results/train.md`` and ``results/bench_train.txt``.
 """
 
 from __future__ import annotations
@@ -302,8 +302,8 @@ def _activation_stats_rows(measured_stats: dict, rows: list, targets: list, note
     plain, hot = median(measured_stats["plain"]), median(measured_stats["stats"])
     interval = Config().monitor.activation_stats_interval
     extra = max(hot - plain, 0.0) / plain
-    rows.append((f"{measured_stats['precision']} step with activation stats vs without, s", hot, plain,
-                 hot / plain, None, None))
+    label = f"{measured_stats['precision']} step with activation stats vs without, s"
+    rows.append((label, hot, plain, hot / plain, None, None))
     targets.append(f"target: activation stats every {interval} steps (the default) cost "
                    f"< 2% of step time: {100 * extra / interval:.3f}% "
                    f"{'PASS' if extra / interval < 0.02 else 'FAIL'} (one activation-stats "
@@ -437,7 +437,8 @@ def _skipped_precisions(precisions: list[str]) -> dict[str, str]:
 
 def measure(args: argparse.Namespace) -> dict:
     """Every measurement of the run (progress and the machine header printed as it goes):
-    ``{"args", "results": {precision: rounds}, "skipped", "activation_stats", "optim", "loader"}``."""
+    ``{"args", "results": {precision: rounds}, "skipped", "activation_stats", "optim",
+    "loader"}``."""
     if args.with_hf:
         try:
             import transformers  # noqa: F401
@@ -463,8 +464,8 @@ def measure(args: argparse.Namespace) -> dict:
                                       else next(iter(results)))
     optim = measure_optimizer(args)
     loader = None if args.skip_loader else measure_loader(args)
-    return {"args": args, "results": results, "skipped": skipped, "activation_stats": activation_stats,
-            "optim": optim, "loader": loader}
+    return {"args": args, "results": results, "skipped": skipped,
+            "activation_stats": activation_stats, "optim": optim, "loader": loader}
 
 
 def main(argv: list[str] | None = None) -> int:
