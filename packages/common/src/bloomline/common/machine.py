@@ -10,7 +10,7 @@ __all__ = ["cpu_model"]
 
 
 def cpu_model() -> str:
-    """The CPU's ``model name`` from ``/proc/cpuinfo`` (e.g. ``AMD EPYC 9R14``); elsewhere
+    """The CPU's ``model name`` from ``/proc/cpuinfo`` (the processor name string); elsewhere
     what ``platform`` knows."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
