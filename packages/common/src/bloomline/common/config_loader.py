@@ -25,6 +25,7 @@ import inspect
 import json
 import keyword
 import math
+import sys
 import textwrap
 import tomllib
 import types
@@ -290,6 +291,30 @@ def _merge(instance: Any, table: dict, root: type, where: str, prefix: str = "")
             setattr(instance, _attribute(name), _coerce(value, hint, key, where, ranges[name]))
 
 
+def _apply_renames(table: dict, root: type, where: str) -> dict:
+    """``table`` with the keys a root class lists in ``RENAMED_KEYS`` (``{old dotted key: new
+    dotted key}``) moved to their new names, so recipes and checkpoints written before a rename
+    still load; one line on stderr says so. Both names given at once is an error."""
+    for old, new in getattr(root, "RENAMED_KEYS", {}).items():
+        *old_path, old_name = old.split(".")
+        parent = table
+        for part in old_path:
+            parent = parent.get(part) if isinstance(parent, dict) else None
+        if not isinstance(parent, dict) or old_name not in parent:
+            continue
+        value = parent.pop(old_name)
+        *new_path, new_name = new.split(".")
+        target = table
+        for part in new_path:
+            target = target.setdefault(part, {})
+        if new_name in target:
+            raise UserError(f"{where}: {old} and {new} both given; {old} is the old name of "
+                            f"{new}, keep only {new}")
+        target[new_name] = value
+        print(f"{where}: {old} is now called {new}; read as {new}", file=sys.stderr)
+    return table
+
+
 def _parse_override(text: str) -> tuple[list[str], Any]:
     if "=" not in text:
         raise UserError(f"override {text!r}: expected section.key=value")
@@ -320,7 +345,7 @@ def load_config(cls: type[C], path: str | Path | None = None,
             raise UserError(f"{path}: config file not found") from None
         except tomllib.TOMLDecodeError as err:
             raise UserError(f"{path}: invalid TOML: {err}") from None
-        _merge(config, table, cls, str(path))
+        _merge(config, _apply_renames(table, cls, str(path)), cls, str(path))
     for text in overrides or []:
         parts, value = _parse_override(text)
         nested: dict = {}
@@ -328,7 +353,8 @@ def load_config(cls: type[C], path: str | Path | None = None,
         for part in parts[:-1]:
             cursor = cursor.setdefault(part, {})
         cursor[parts[-1]] = value
-        _merge(config, nested, cls, f"override {text!r}")
+        where = f"override {text!r}"
+        _merge(config, _apply_renames(nested, cls, where), cls, where)
     _post_init_all(config)
     return config
 
@@ -349,7 +375,7 @@ def config_to_dict(config: Any) -> dict:
 
 def config_from_dict(cls: type[C], table: dict, where: str = "config") -> C:
     config = cls()
-    _merge(config, table, cls, where)
+    _merge(config, _apply_renames(table, cls, where), cls, where)
     _post_init_all(config)
     return config
 

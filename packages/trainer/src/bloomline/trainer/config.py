@@ -277,6 +277,10 @@ class Config:
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
+    # Keys renamed since a release: recipes and checkpoints that use the old name still load
+    # (common.config_loader moves the value and says so). Not a field: no annotation.
+    RENAMED_KEYS = {"monitor.thermometer_interval": "monitor.activation_stats_interval"}
+
 
 _DEVICE = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
 
