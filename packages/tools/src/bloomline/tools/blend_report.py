@@ -15,7 +15,8 @@ import math
 
 import numpy as np
 
-from bloomline.dataprep.build_index import BlendedSampleDataset, BuiltIndex
+from bloomline.dataprep.blended_samples import BlendedSampleDataset
+from bloomline.dataprep.build_index import BuiltIndex
 from bloomline.dataprep.gpt_samples import GPTSampleDataset
 from bloomline.tools.samples import split_dataset
 from bloomline.tools.tables import format_table

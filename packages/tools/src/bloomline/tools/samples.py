@@ -12,7 +12,8 @@ from __future__ import annotations
 import numpy as np
 
 from bloomline.common.errors import UserError
-from bloomline.dataprep.build_index import BlendedSampleDataset, BuiltIndex
+from bloomline.dataprep.blended_samples import BlendedSampleDataset
+from bloomline.dataprep.build_index import BuiltIndex
 from bloomline.dataprep.gpt_samples import GPTSampleDataset
 from bloomline.tools.vocab import Vocabulary
 

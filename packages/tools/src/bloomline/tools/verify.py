@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from bloomline.dataprep.build_index import check_index_cache
+from bloomline.dataprep.index_checks import check_index_cache
 from bloomline.tools.corpus import open_datasets, scan_token_range
 from bloomline.tools.tables import format_table
 
