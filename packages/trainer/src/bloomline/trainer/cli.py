@@ -1,4 +1,8 @@
-"""``trainer``: pretrain, generate, export-hf, verify-checkpoint, evaluate."""
+"""``trainer``: pretrain, generate, export-hf, verify-checkpoint, evaluate.
+
+Each command imports the trainer modules it uses inside its function: they load torch (a few
+seconds), which ``trainer --help``, a mistyped option and the ``--nproc`` launcher's own
+process do without."""
 
 from __future__ import annotations
 
@@ -43,6 +47,7 @@ def pretrain(
     if max_restarts:
         nproc = nproc or 1  # restarts need torchrun's agent to watch the process
     if nproc:
+        # torch-heavy: imported by the command that needs it (module docstring)
         from bloomline.trainer.parallel.launch import launch
 
         _check_before_launch(config, resume, overrides, nproc, nnodes, max_restarts)
@@ -52,6 +57,7 @@ def pretrain(
         launch(nproc, forwarded, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint,
                max_restarts=max_restarts)
         return
+    # torch-heavy: imported by the command that needs it (module docstring)
     from bloomline.trainer.config import load_trainer_config
     from bloomline.trainer.loop import Trainer
 
@@ -65,6 +71,7 @@ def pretrain(
     if dist.is_initialized():
         dist.destroy_process_group()
     if state.get("stopped"):  # a signal or train.max_wallclock: saved, to be continued
+        # torch-heavy: imported by the command that needs it (module docstring)
         from bloomline.trainer.survival.preemption import exit_preempted
 
         exit_preempted()
@@ -81,6 +88,7 @@ def _check_before_launch(config: str | None, resume: str | None, overrides: list
     folder again (and ``none`` from scratch), throwing away the steps since, so the
     combination is refused rather than converted: "PATH, then auto" would be a third meaning
     of the setting, and "auto" alone ignores PATH while the run folder has no checkpoint yet."""
+    # torch-heavy: imported by the command that needs it (module docstring)
     from bloomline.trainer.config import load_trainer_config, parallel_sizes
 
     cfg = load_trainer_config(config, overrides + (
@@ -96,8 +104,10 @@ def _check_before_launch(config: str | None, resume: str | None, overrides: list
 
 
 def _load_for_inference(checkpoint: str):
+    # torch-heavy: imported by the command that needs it (module docstring)
     from bloomline.trainer.checkpoint import load_checkpoint, load_config_of
     from bloomline.trainer.config import Config
+    # torch-heavy: imported by the command that needs it (module docstring)
     from bloomline.trainer.model import build_model
 
     path = Path(checkpoint)
@@ -121,6 +131,7 @@ def generate(
     seed: int = typer.Option(0, help="Sampling seed."),
 ) -> None:
     """Continue a prompt with a checkpoint (a sanity check of what the model learned)."""
+    # torch-heavy: imported by the command that needs it (module docstring)
     from bloomline.trainer.data import load_run_tokenizer
     from bloomline.trainer.generate import continuation_text, generate_ids
 
@@ -147,6 +158,7 @@ def export_hf_command(
 ) -> None:
     """Write a checkpoint as a transformers BloomForCausalLM (config.json + safetensors) with
     its tokenizer as files AutoTokenizer loads (tokenizer.json + tokenizer_config.json)."""
+    # torch-heavy: imported by the command that needs it (module docstring)
     from bloomline.trainer.data import load_run_tokenizer
     from bloomline.trainer.hf import export_hf
 
@@ -178,6 +190,7 @@ def verify_checkpoint_command(
     """Check a checkpoint against its manifest (sizes, sha256, parsable state files), then
     read DCP's pickles as a load would (DCP's classes only) without loading the model. Exit 0
     when intact; 1 with one line per problem (or the refused pickle) otherwise."""
+    # torch-heavy: imported by the command that needs it (module docstring)
     from bloomline.trainer.checkpoint.manifest import describe_checkpoint, verify_checkpoint
 
     problems = verify_checkpoint(checkpoint)
@@ -202,6 +215,7 @@ def evaluate_command(
     split and the blend, in this process, with the run's precision and micro-batch size."""
     import json
 
+    # torch-heavy: imported by the command that needs it (module docstring)
     from bloomline.trainer.evaluation import evaluate_checkpoint
 
     result, step = evaluate_checkpoint(checkpoint, split, samples)
@@ -226,6 +240,7 @@ def main() -> None:
     Called in-process (tests), it arms nothing."""
     try:
         if "TORCHELASTIC_ERROR_FILE" in os.environ:  # a torchrun worker: tell the launcher too
+            # torch-heavy: imported by the command that needs it (module docstring)
             from bloomline.trainer.parallel.launch import report_user_errors
 
             exit_on_user_error(lambda: report_user_errors(app))

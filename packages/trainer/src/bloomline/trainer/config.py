@@ -13,6 +13,7 @@ from pathlib import Path
 
 from bloomline.common.config_loader import check_ranges, load_config, ranged
 from bloomline.common.errors import UserError
+from bloomline.dataprep.gpt_samples import parse_split
 from bloomline.trainer.kernels.cpu.linear import CPU_FP32_MATMUL_CHOICES
 from bloomline.trainer.model.config import ModelConfig
 from bloomline.trainer.model_source import resolve_model_settings
@@ -342,7 +343,6 @@ def validate(cfg: Config, data_parallel: int = 1) -> None:
 
 
 def _check_data(d: DataConfig) -> None:
-    from bloomline.dataprep.gpt_samples import parse_split
 
     try:
         parse_split(d.split)

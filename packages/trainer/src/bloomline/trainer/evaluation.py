@@ -34,7 +34,12 @@ import numpy as np
 import torch
 
 from bloomline.common.errors import UserError
+from bloomline.trainer.checkpoint import load_checkpoint, load_config_of
+from bloomline.trainer.config import Config
+from bloomline.trainer.data import TokenSamples, open_splits
 from bloomline.trainer.losses import per_sample_means
+from bloomline.trainer.model import build_model
+from bloomline.trainer.precision import Precision, resolve_dtype
 
 __all__ = ["EvalRow", "SplitEvaluation", "batched_sample_losses", "blend_of",
            "evaluate_checkpoint", "evaluate_split", "perplexity", "sample_sources"]
@@ -181,7 +186,6 @@ def evaluate_split(sample_losses: Callable[[Sequence[torch.Tensor]], torch.Tenso
     if blend is None:
         losses = sample_losses(_First(samples, total)).double()
         return SplitEvaluation(split, EvalRow(name, total, _mean(losses)))
-    from bloomline.trainer.data import TokenSamples
 
     seq_length = samples.seq_length
     components = [TokenSamples(ds, seq_length) for ds in blend.datasets]
@@ -218,11 +222,6 @@ def evaluate_checkpoint(checkpoint: str | Path, split: str = "valid",
         UserError: an unknown split, a split the index does not have (``data.split`` gives it
             no share), a bad sample count, or a checkpoint that does not load.
     """
-    from bloomline.trainer.checkpoint import load_checkpoint, load_config_of
-    from bloomline.trainer.config import Config
-    from bloomline.trainer.data import open_splits
-    from bloomline.trainer.model import build_model
-    from bloomline.trainer.precision import Precision, resolve_dtype
 
     if split not in SPLITS:
         raise UserError(f"--split {split}: expected one of {', '.join(SPLITS)}")

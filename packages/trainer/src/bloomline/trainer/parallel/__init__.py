@@ -35,6 +35,8 @@ def set_gradient_sync(model, enabled: bool) -> None:
 def parallelize(model, mesh, layout: Layout, cfg):
     """Apply tp -> activation checkpointing -> compile -> dp/ZeRO to ``model`` (a GPT or a
     pipeline stage of one) in place; returns it."""
+    # each transform imports its torch.distributed engine (DTensor, checkpoint wrappers, FSDP2)
+    # only when the layout uses it
     if layout.tp > 1:
         from bloomline.trainer.parallel.tensor_parallel import apply_tensor_parallel
 

@@ -143,6 +143,8 @@ def launch(nproc: int, args: Sequence[str], nnodes: int = 1, rdzv_endpoint: str 
     ``PREEMPTED_EXIT_CODE`` when the workers stopped to be continued (see the module
     docstring). Call it last in a process: it leaves SIGTERM, SIGINT, SIGHUP and SIGUSR1
     ignored, so that a late signal cannot replace the exit code it decided."""
+    # torch's elastic agent and the preemption module (which imports torch) load here: the
+    # launcher's module is imported by the CLI before it knows that it will launch
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
@@ -276,7 +278,9 @@ class _Interrupt:
         self.count = 0
 
     def __call__(self, signum: int, frame) -> None:
-        from torch.distributed.elastic.multiprocessing.api import SignalException
+        # torch's elastic agent and the preemption module (which imports torch) load here: the
+    # launcher's module is imported by the CLI before it knows that it will launch
+    from torch.distributed.elastic.multiprocessing.api import SignalException
 
         self.count += 1
         if self.count > 1:

@@ -56,7 +56,9 @@ from torch.distributed.pipelining import (
 from bloomline.common.errors import UserError
 from bloomline.trainer.losses import per_sample_means, token_cross_entropy
 from bloomline.trainer.metrics import activation_stats
+from bloomline.trainer.parallel import parallelize
 from bloomline.trainer.parallel.partition import partition_layers
+from bloomline.trainer.precision import Precision
 from bloomline.trainer.step import (
     dp_mean,
     finish_step,
@@ -153,8 +155,6 @@ class Pipeline:
 
     def __init__(self, model, mesh, layout, cfg, device: torch.device, loss_fn,
                  loss_context=None) -> None:
-        from bloomline.trainer.parallel import parallelize
-        from bloomline.trainer.precision import Precision
 
         self.cfg, self.layout, self.mesh, self.device = cfg, layout, mesh, device
         self.loss_fn = loss_fn
