@@ -107,8 +107,6 @@ def _load_for_inference(checkpoint: str):
     # torch-heavy: imported by the command that needs it (module docstring)
     from bloomline.trainer.checkpoint import load_checkpoint, load_config_of
     from bloomline.trainer.config import Config
-
-    # torch-heavy: imported by the command that needs it (module docstring)
     from bloomline.trainer.model import build_model
 
     path = Path(checkpoint)

@@ -278,9 +278,7 @@ class _Interrupt:
         self.count = 0
 
     def __call__(self, signum: int, frame) -> None:
-        # torch's elastic agent and the preemption module (which imports torch) load here: the
-    # launcher's module is imported by the CLI before it knows that it will launch
-    from torch.distributed.elastic.multiprocessing.api import SignalException
+        from torch.distributed.elastic.multiprocessing.api import SignalException
 
         self.count += 1
         if self.count > 1:
