@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from bloomline.common.errors import UserError
-from bloomline.trainer.checkpoint.run_checkpoints import RunCheckpoints
+from bloomline.trainer.checkpoint import RunCheckpoints
 from bloomline.trainer.config import Config, validate
 from bloomline.trainer.curriculum import (
     global_batch_size,
@@ -24,13 +24,12 @@ from bloomline.trainer.curriculum import (
     total_steps,
 )
 from bloomline.trainer.data import (
-    MegatronSampler,
     StepBatches,
     check_token_ids,
     check_vocabulary,
     load_run_tokenizer,
-    make_loader,
     open_splits,
+    open_step_batches,
 )
 from bloomline.trainer.evaluation import blend_of, evaluate_split, sample_sources
 from bloomline.trainer.forward_backward import ForwardBackward, loss_functions
@@ -276,17 +275,13 @@ class Trainer:
     def _open_batches(self, train) -> StepBatches:
         """The micro-batches from the current position (a rollback's new one: the old
         loader's workers end first)."""
-        cfg = self.cfg
-        sampler = MegatronSampler(cfg.train.train_samples, self.state["consumed_samples"],
-                                  cfg.train.micro_batch_size, self.layout.dp_rank,
-                                  self.layout.dp, self.skips)
         if self._batches is not None:
             self._batches.close()
-        loader = make_loader(train, sampler, cfg.data.num_workers, cfg.data.prefetch_factor,
-                             self.device.type == "cuda")
         # sample ids for a blend's per-source losses at log steps
-        self._batches = StepBatches(sampler, loader, blend_of(train) is not None,
-                                    cfg.model.vocab_size)
+        self._batches = open_step_batches(train, self.cfg, self.state["consumed_samples"],
+                                          self.layout.dp_rank, self.layout.dp, self.skips,
+                                          pin_memory=self.device.type == "cuda",
+                                          with_ids=blend_of(train) is not None)
         return self._batches
 
     def _train(self, train, splits) -> None:
