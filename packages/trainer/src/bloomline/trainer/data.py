@@ -23,12 +23,13 @@ from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 
 from bloomline.common.errors import UserError
 from bloomline.dataprep import IndexRequest, build_sample_datasets
-from bloomline.trainer.config import DataConfig
+from bloomline.trainer.config import Config, DataConfig
 from bloomline.trainer.survival import faults
 from bloomline.trainer.survival.sample_skips import SkipRanges
 
 __all__ = ["MegatronSampler", "StepBatches", "TokenSamples", "check_token_ids", "close_loader",
-           "make_loader", "open_splits", "check_vocabulary", "load_run_tokenizer"]
+           "make_loader", "open_splits", "open_step_batches", "check_vocabulary",
+           "load_run_tokenizer"]
 
 
 class TokenSamples(Dataset):
@@ -195,6 +196,20 @@ class StepBatches:
 
     def close(self) -> None:
         close_loader(self._batches)
+
+
+def open_step_batches(train: TokenSamples, cfg: Config, consumed_samples: int, dp_rank: int,
+                      dp: int, skips: SkipRanges, pin_memory: bool,
+                      with_ids: bool) -> StepBatches:
+    """This data-parallel rank's micro-batches of the train split from ``consumed_samples``
+    on, in Megatron's order with ``skips`` left out: the sampler, its loader and their
+    ``StepBatches`` (``with_ids``: also each micro-batch's sample ids). The caller closes the
+    previous ``StepBatches`` first, so that two loaders' workers never run at once."""
+    sampler = MegatronSampler(cfg.train.train_samples, consumed_samples,
+                              cfg.train.micro_batch_size, dp_rank, dp, skips)
+    loader = make_loader(train, sampler, cfg.data.num_workers, cfg.data.prefetch_factor,
+                         pin_memory)
+    return StepBatches(sampler, loader, with_ids, cfg.model.vocab_size)
 
 
 # Loader workers and the end of the trainer process

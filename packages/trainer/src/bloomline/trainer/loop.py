@@ -3,21 +3,19 @@ step -> schedule -> log -> maybe evaluate -> maybe checkpoint.
 
 ``Trainer.train_step`` is callable on its own (tests, benchmarks); ``Trainer.run`` is what
 ``trainer pretrain`` does. This module orchestrates; each concern lives in its own module:
-the step's shared tail in ``step.py``, the losses in ``losses.py``, records and console lines
+one model's forward/backward in ``forward_backward.py``, the step's shared tail in
+``step.py``, resume/load/save in ``checkpoint/run_checkpoints.py``, records and console lines
 in ``monitor.py``, batches in ``data.py``, rollbacks and bad steps in ``survival/``.
 """
 
 from __future__ import annotations
 
-import contextlib
-import time
 from pathlib import Path
 
 import torch
-from torch.distributed.tensor.parallel import loss_parallel
 
 from bloomline.common.errors import UserError
-from bloomline.trainer import checkpoint as ckpt
+from bloomline.trainer.checkpoint import RunCheckpoints
 from bloomline.trainer.config import Config, validate
 from bloomline.trainer.curriculum import (
     global_batch_size,
@@ -26,22 +24,16 @@ from bloomline.trainer.curriculum import (
     total_steps,
 )
 from bloomline.trainer.data import (
-    MegatronSampler,
     StepBatches,
     check_token_ids,
     check_vocabulary,
     load_run_tokenizer,
-    make_loader,
     open_splits,
+    open_step_batches,
 )
-from bloomline.trainer.evaluation import (
-    batched_sample_losses,
-    blend_of,
-    evaluate_split,
-    sample_sources,
-)
+from bloomline.trainer.evaluation import blend_of, evaluate_split, sample_sources
+from bloomline.trainer.forward_backward import ForwardBackward, loss_functions
 from bloomline.trainer.kernels.cpu.linear import configure_cpu_fp32_matmul
-from bloomline.trainer.losses import lm_loss, per_sample_means, token_cross_entropy
 from bloomline.trainer.malloc import tune_malloc
 from bloomline.trainer.metrics import activation_stats as read_activation_stats
 from bloomline.trainer.model import build_model, padded_vocab_size
@@ -53,18 +45,10 @@ from bloomline.trainer.parallel import (
     init_distributed,
     parallelize,
     resolve_layout,
-    set_gradient_sync,
     world_info,
 )
 from bloomline.trainer.precision import Precision, resolve_dtype
-from bloomline.trainer.step import (
-    clip_grad_norm,
-    dp_mean,
-    finish_step,
-    max_norm,
-    set_learning_rate,
-    step_source_totals,
-)
+from bloomline.trainer.step import clip_grad_norm, finish_step, max_norm, set_learning_rate
 from bloomline.trainer.survival import faults
 from bloomline.trainer.survival.preemption import PREEMPTED_EXIT_CODE
 from bloomline.trainer.survival.rollback import roll_back, skips_in_force
@@ -126,16 +110,14 @@ class Trainer:
         # every rank builds and initializes the whole model from the same seed, then keeps its
         # shards: the weights equal the single-process run's, which the equivalence tests need
         self.model = build_model(cfg.model, self.device, seed=cfg.train.seed)
-        self.loss_fn = torch.compile(lm_loss) if cfg.train.compile else lm_loss
-        # tp: vocabulary-sharded logits, cross-entropy without gathering them
-        self.loss_context = loss_parallel if self.layout.tp > 1 else contextlib.nullcontext
+        loss_fn, loss_context = loss_functions(cfg.train.compile, self.layout.tp)
         self.dp_group = self.mesh["dp"].get_group() if self.layout.dp > 1 else None
         self.pipeline = None
         if self.layout.pp > 1:  # this rank keeps its stages only, each parallelized
             from bloomline.trainer.parallel.pipeline import build_pipeline
 
             self.pipeline = build_pipeline(self.model, self.mesh, self.layout, cfg,
-                                           self.device, self.loss_fn, self.loss_context)
+                                           self.device, loss_fn, loss_context)
             self.model = self.pipeline.model  # the stages' modules, single-process names
         else:
             parallelize(self.model, self.mesh, self.layout, cfg)
@@ -144,10 +126,10 @@ class Trainer:
             from bloomline.trainer.parallel.data_parallel import shard_optimizer_state
 
             self.optimizer = shard_optimizer_state(self.optimizer, self.mesh["dp"])
-        # the config's hyper-parameters: a checkpoint's param groups must not replace them
-        self._hyperparameters = [{k: v for k, v in group.items() if k != "params"}
-                                 for group in self.optimizer.param_groups]
         self.precision = Precision(cfg.precision, self.device)
+        self.forward_backward = ForwardBackward(self.model, self.precision, self.device,
+                                                self.layout.tp, loss_fn, loss_context,
+                                                self.dp_group)
         self.run_dir = Path(cfg.train.run_dir)
         self.state = {"step": 0, "consumed_samples": 0, "consumed_tokens": 0,
                       "skipped_steps": 0, "bad_in_row": 0, "loss_scale": {}}
@@ -155,7 +137,9 @@ class Trainer:
                                   self.optimizer, self.is_main, self.log)
         self.guard = RunGuard(cfg, self.run_dir, rank)
         self.skips = SkipRanges(cfg.train.skip_samples)
-        self._async_saver = None
+        # before any checkpoint is loaded: it records the config's optimizer hyper-parameters
+        self.checkpoints = RunCheckpoints(cfg, self.run_dir, self.model, self.optimizer,
+                                          self.precision, self.guard, self.is_main, self.log)
 
     # -- one optimizer step ---------------------------------------------------------------
     def train_step(self, micro_batches: list[torch.Tensor], lr: float,
@@ -171,54 +155,15 @@ class Trainer:
         if self.pipeline is not None:  # the schedule runs forward/backward over the stages
             return self.pipeline.train_step(micro_batches, lr, self.optimizer, self.precision,
                                             activation_stats, sources, num_sources)
-        model, precision = self.model, self.precision
-        model.train()
-        set_learning_rate(self.optimizer, lr)
-        count = len(micro_batches)
-        total = torch.zeros((), device=self.device)
-        per_sample = []
-        for index, tokens in enumerate(micro_batches):
-            tokens = tokens.to(self.device, non_blocking=True)
-            model.set_activation_stats(activation_stats and index == 0)
-            # data parallelism reduces gradients once, after the last micro-batch
-            set_gradient_sync(model, index == count - 1)
-            with self.loss_context():
-                if sources is None:
-                    loss = self._forward_loss(tokens)
-                else:
-                    loss, samples_loss = self._forward_loss(tokens, per_sample=True)
-                    per_sample.append(samples_loss)
-                precision.scale(loss / count).backward()
-            total += loss.detach()
-        model.set_activation_stats(False)
-        loss = dp_mean(total / count, self.dp_group)
-        totals = None
-        if sources is not None:
-            totals = step_source_totals(torch.cat(per_sample), sources, num_sources,
-                                        self.dp_group)
-        if precision.scaler is not None:
-            precision.scaler.unscale_(self.optimizer)
+        model, optimizer, scaler = self.model, self.optimizer, self.precision.scaler
+        set_learning_rate(optimizer, lr)
+        loss, totals = self.forward_backward.run(micro_batches, activation_stats, sources,
+                                                 num_sources)
+        if scaler is not None:
+            scaler.unscale_(optimizer)
         grad_norm = clip_grad_norm(model.parameters(), max_norm(self.cfg.optimizer.clip_grad))
-        return finish_step(self.optimizer, precision.scaler, loss, grad_norm, totals,
+        return finish_step(optimizer, scaler, loss, grad_norm, totals,
                            (lambda: read_activation_stats(model)) if activation_stats else None)
-
-    def _forward_loss(self, tokens: torch.Tensor, per_sample: bool = False
-                      ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """The mean loss of a [mbs, L + 1] token batch (inside ``loss_context``), and with
-        ``per_sample`` each sample's mean loss [mbs] (detached) from the same forward. Without
-        tensor parallelism the model fuses its head with the loss (no fp32 logits,
-        ``model/loss.py``); vocabulary-sharded logits go through ``loss_parallel``."""
-        labels = tokens[:, 1:]
-        if self.layout.tp == 1:
-            with self.precision.autocast():
-                out = self.model(tokens[:, :-1], labels=labels, token_losses=per_sample)
-            return (out[0], per_sample_means(out[1], labels)) if per_sample else out
-        with self.precision.autocast():
-            logits = self.model(tokens[:, :-1])
-        if not per_sample:
-            return self.loss_fn(logits, labels)
-        loss, token_losses = token_cross_entropy(logits, labels)
-        return loss, per_sample_means(token_losses, labels)
 
     def full_model_state(self) -> dict[str, torch.Tensor]:
         """The whole model's parameters as plain CPU tensors under the single-process names,
@@ -240,13 +185,7 @@ class Trainer:
         sample (FSDP's gathers need all dp ranks in each forward)."""
         if self.pipeline is not None:
             return self.pipeline.sample_losses(samples)
-        self.model.eval()
-
-        def forward(tokens: torch.Tensor) -> torch.Tensor:
-            with self.loss_context():
-                return self._forward_loss(tokens.to(self.device), per_sample=True)[1]
-
-        return batched_sample_losses(forward, samples, self.cfg.train.micro_batch_size)
+        return self.forward_backward.sample_losses(samples, self.cfg.train.micro_batch_size)
 
     def evaluate(self, samples, num_samples: int, split: str = "valid") -> dict:
         """``{split}_loss`` and ``{split}_ppl`` over the first ``num_samples`` samples and, when
@@ -262,83 +201,27 @@ class Trainer:
     def resume(self) -> Path | None:
         """Continue from a checkpoint of this run (``checkpoint.resume``) and return it; when
         there is none, start, from ``checkpoint.init_from``'s weights if set."""
-        setting = self.cfg.checkpoint.resume
-        path = None
-        if setting == "auto":
-            path = ckpt.latest_checkpoint(self.run_dir, log=self.log)
-        elif setting != "none":
-            path = Path(setting)
-            if not path.is_dir():
-                raise UserError(f"checkpoint.resume {setting}: no such checkpoint folder")
-        if path is None:
+        loaded = self.checkpoints.resume(self.skips)
+        if loaded is None:
             load_initial_weights(self.model, self.model_source)
             return None
-        changed = ckpt.changed_settings(self.load(path, verified=setting == "auto"), self.cfg)
-        if changed:
-            self.log(f"resuming {path.name}: settings differ from the checkpoint's, this run's "
-                     f"values win: {'; '.join(changed)}")
-        return path
+        self.state, self.skips = loaded.state, loaded.skips
+        return loaded.path
 
     def load(self, path: Path, verified: bool = False) -> Config:
-        """Model, optimizer, RNG and trainer state from the checkpoint ``path``;
-        ``verified``: its manifest was just checked (by ``latest_checkpoint``), skip hashing
-        it a second time. The optimizer keeps this run's hyper-parameters. Returns the config
-        the checkpoint was written with."""
-        saved = ckpt.load_config_of(path, Config)
-        ckpt.check_compatible(saved, self.cfg, path)
-        self.state = ckpt.load_checkpoint(path, self.model, self.optimizer, verified=verified)
-        for group, settings in zip(self.optimizer.param_groups, self._hyperparameters,
-                                   strict=True):
-            group.update(settings)
-        self.precision.load_state_dict(self.state.get("loss_scale", {}))
-        self.guard.detector.load_state_dict(self.state.get("spike_history", {}))
-        # the skips in force and the checkpoint's (at a rollback the former hold the latter).
-        # RUN/rollbacks.json is not read here but once in run(), after a resume: at a
-        # rollback rank 0 may have written this rollback's range into it already, and a rank
-        # that read it would compute the range against other skips than the others (a hang)
-        self.skips = SkipRanges([*self.skips.to_list(), *self.state.get("skip_samples", [])])
-        self.state["skip_samples"] = self.skips.to_list()
-        return saved
+        """Model, optimizer, RNG and trainer state (``state``, ``skips``) from the checkpoint
+        ``path`` (``RunCheckpoints.load``); returns the config it was written with."""
+        loaded = self.checkpoints.load(path, self.skips, verified=verified)
+        self.state, self.skips = loaded.state, loaded.skips
+        return loaded.config
 
     def save(self) -> Path:
         """A checkpoint of this step (in the background with ``checkpoint.async``)."""
-        self.state["loss_scale"] = self.precision.state_dict()
-        self.state["spike_history"] = self.guard.detector.state_dict()
-        started = time.perf_counter()
-        self.guard.watchdog.arm(f"checkpoint of step {self.state['step']}",
-                                self.cfg.watchdog.startup_seconds)
-        if self.cfg.checkpoint.async_:
-            if self._async_saver is None:
-                self._async_saver = ckpt.AsyncCheckpointer(
-                    self.run_dir, self.cfg.checkpoint.keep_last, is_writer=self.is_main)
-            path = self._async_saver.save(self.state["step"], self.model, self.optimizer,
-                                          self.state, self.cfg)
-        else:
-            path = ckpt.save_checkpoint(self.run_dir, self.state["step"], self.model,
-                                        self.optimizer, self.state, self.cfg,
-                                        self.cfg.checkpoint.keep_last, is_writer=self.is_main)
-        self.guard.watchdog.disarm()
-        self.guard.last_save_seconds = time.perf_counter() - started
-        return path
+        return self.checkpoints.save(self.state)
 
     def finish_saves(self) -> None:
         """Wait for a checkpoint still being written in the background."""
-        if self._async_saver is not None:
-            self.guard.watchdog.arm("finishing an async checkpoint",
-                                    self.cfg.watchdog.startup_seconds)
-            self._async_saver.wait()
-            self.guard.watchdog.disarm()
-
-    def _settle_saves(self) -> None:
-        """When the run fails with a checkpoint still being written in the background: let it
-        complete (under the watchdog), so that what it holds is kept; its own failure is
-        logged, the run's error stays the one reported."""
-        if self._async_saver is None or not self._async_saver.in_flight:
-            return
-        try:
-            self.finish_saves()
-        except Exception as err:  # noqa: BLE001 - the run's own error is on its way out
-            self.log(f"the checkpoint being written when the run failed: {err}")
+        self.checkpoints.finish()
 
     # -- the run ----------------------------------------------------------------------------
     def run(self) -> dict:
@@ -353,7 +236,7 @@ class Trainer:
             if self._batches is not None:
                 self._batches.close()
                 self._batches = None
-            self._settle_saves()
+            self.checkpoints.settle()
             self.guard.close()
 
     def _run(self) -> dict:
@@ -392,17 +275,13 @@ class Trainer:
     def _open_batches(self, train) -> StepBatches:
         """The micro-batches from the current position (a rollback's new one: the old
         loader's workers end first)."""
-        cfg = self.cfg
-        sampler = MegatronSampler(cfg.train.train_samples, self.state["consumed_samples"],
-                                  cfg.train.micro_batch_size, self.layout.dp_rank,
-                                  self.layout.dp, self.skips)
         if self._batches is not None:
             self._batches.close()
-        loader = make_loader(train, sampler, cfg.data.num_workers, cfg.data.prefetch_factor,
-                             self.device.type == "cuda")
         # sample ids for a blend's per-source losses at log steps
-        self._batches = StepBatches(sampler, loader, blend_of(train) is not None,
-                                    cfg.model.vocab_size)
+        self._batches = open_step_batches(train, self.cfg, self.state["consumed_samples"],
+                                          self.layout.dp_rank, self.layout.dp, self.skips,
+                                          pin_memory=self.device.type == "cuda",
+                                          with_ids=blend_of(train) is not None)
         return self._batches
 
     def _train(self, train, splits) -> None:
@@ -434,8 +313,7 @@ class Trainer:
                                      num_sources=len(blend.names) if blend else 0)
             verdict = guard.judge(result)
             guard.watchdog.disarm(step_finished=True)
-            if self._async_saver is not None:  # a background save's failure ends the run now
-                self._async_saver.raise_if_failed()
+            self.checkpoints.raise_if_failed()  # a background save's failure ends the run now
             if verdict.finding is not None and roll_back(self, verdict.finding, step, monitor):
                 steps_total = self.total_steps()
                 batches = self._open_batches(train)

@@ -8,7 +8,9 @@ Modules, in the order a save touches them:
 - ``async_save.py``: ``AsyncCheckpointer``, the same save finished in a background thread;
 - ``manifest.py``: ``manifest.json`` (sizes and sha256) and ``verify_checkpoint``;
 - ``metadata.py``: every pickle read from a checkpoint, through a restricted unpickler;
-- ``failure.py``: a save that fails removes its partial folder and says why in one line.
+- ``failure.py``: a save that fails removes its partial folder and says why in one line;
+- ``run_checkpoints.py``: ``RunCheckpoints``, the trainer's side (resume choice, what a load
+  re-applies, saves and waits).
 
 This package re-exports the names callers use; tests that monkeypatch a name patch the
 module that defines it.
@@ -22,6 +24,7 @@ from bloomline.trainer.checkpoint.manifest import (
     verify_checkpoint,
     write_manifest,
 )
+from bloomline.trainer.checkpoint.run_checkpoints import Loaded, RunCheckpoints
 from bloomline.trainer.checkpoint.save import (
     changed_settings,
     check_compatible,
@@ -32,7 +35,7 @@ from bloomline.trainer.checkpoint.save import (
     saved_state_dict,
 )
 
-__all__ = ["AsyncCheckpointer", "CONFIG_FILE", "MANIFEST", "changed_settings",
-           "check_compatible", "describe_checkpoint", "latest_checkpoint", "list_checkpoints",
-           "load_checkpoint", "load_config_of", "save_checkpoint", "saved_state_dict",
-           "verify_checkpoint", "write_manifest"]
+__all__ = ["AsyncCheckpointer", "CONFIG_FILE", "MANIFEST", "Loaded", "RunCheckpoints",
+           "changed_settings", "check_compatible", "describe_checkpoint", "latest_checkpoint",
+           "list_checkpoints", "load_checkpoint", "load_config_of", "save_checkpoint",
+           "saved_state_dict", "verify_checkpoint", "write_manifest"]

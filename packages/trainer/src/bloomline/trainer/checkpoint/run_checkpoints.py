@@ -1,0 +1,152 @@
+"""A run's checkpoints as the trainer sees them: which one to resume, what a load re-applies,
+and saves (synchronous or through the run's one ``AsyncCheckpointer``) under the watchdog.
+
+The Trainer holds one ``RunCheckpoints`` and keeps the trainer state and the skips in force
+itself: ``load`` returns them, ``save`` takes the state. Why a class of its own: the loop then
+only says when to save or load, and the rules of what a checkpoint carries besides the
+weights (loss scale, spike history, skip ranges) and which settings win live in one place.
+
+Invariants: every rank calls ``load``, ``save`` and ``finish`` at the same points (DCP is
+collective); a loaded optimizer keeps this run's hyper-parameters (the config's, not the
+checkpoint's param groups); the skips after a load are the ones in force plus the
+checkpoint's.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from bloomline.common.errors import UserError
+from bloomline.trainer.checkpoint.async_save import AsyncCheckpointer
+from bloomline.trainer.checkpoint.save import (
+    changed_settings,
+    check_compatible,
+    latest_checkpoint,
+    load_checkpoint,
+    load_config_of,
+    save_checkpoint,
+)
+from bloomline.trainer.survival.sample_skips import SkipRanges
+
+__all__ = ["Loaded", "RunCheckpoints"]
+
+
+@dataclass
+class Loaded:
+    """What a load hands back to the trainer: the checkpoint's folder, the config it was
+    written with, the trainer state it held (with ``skip_samples`` = ``skips``) and the skip
+    ranges now in force."""
+
+    path: Path
+    config: object
+    state: dict
+    skips: SkipRanges
+
+
+class RunCheckpoints:
+    """The checkpoints of one process's run: resume choice, load, save, background saves.
+
+    ``guard`` is the run's ``survival.run_guard.RunGuard``: its watchdog covers each save
+    and wait, its spike detector's history travels in the checkpoint, and it learns how long
+    a save took (its stop-time reserve)."""
+
+    def __init__(self, cfg, run_dir: Path, model, optimizer, precision, guard, is_main: bool,
+                 log) -> None:
+        self.cfg, self.run_dir = cfg, run_dir
+        self.model, self.optimizer, self.precision, self.guard = model, optimizer, precision, guard
+        self.is_main, self.log = is_main, log
+        # the config's hyper-parameters: a checkpoint's param groups must not replace them
+        self._hyperparameters = [{k: v for k, v in group.items() if k != "params"}
+                                 for group in optimizer.param_groups]
+        self._async_saver: AsyncCheckpointer | None = None
+
+    # -- loading ------------------------------------------------------------------------------
+    def resume(self, skips: SkipRanges) -> Loaded | None:
+        """Load the checkpoint ``checkpoint.resume`` names (``auto``: this run's newest that
+        verifies) and log the settings in which this run differs from it (this run's values
+        win). None when there is none to resume: the caller starts the run."""
+        setting = self.cfg.checkpoint.resume
+        path = None
+        if setting == "auto":
+            path = latest_checkpoint(self.run_dir, log=self.log)
+        elif setting != "none":
+            path = Path(setting)
+            if not path.is_dir():
+                raise UserError(f"checkpoint.resume {setting}: no such checkpoint folder")
+        if path is None:
+            return None
+        loaded = self.load(path, skips, verified=setting == "auto")
+        changed = changed_settings(loaded.config, self.cfg)
+        if changed:
+            self.log(f"resuming {path.name}: settings differ from the checkpoint's, this run's "
+                     f"values win: {'; '.join(changed)}")
+        return loaded
+
+    def load(self, path: Path, skips: SkipRanges, verified: bool = False) -> Loaded:
+        """Model, optimizer, RNG and trainer state from the checkpoint ``path``, with this
+        run's hyper-parameters, loss scale and spike history re-applied from it;
+        ``verified``: its manifest was just checked (by ``latest_checkpoint``), skip hashing
+        it a second time. ``skips``: the ranges in force before the load."""
+        saved = load_config_of(path, type(self.cfg))
+        check_compatible(saved, self.cfg, path)
+        state = load_checkpoint(path, self.model, self.optimizer, verified=verified)
+        for group, settings in zip(self.optimizer.param_groups, self._hyperparameters,
+                                   strict=True):
+            group.update(settings)
+        self.precision.load_state_dict(state.get("loss_scale", {}))
+        self.guard.detector.load_state_dict(state.get("spike_history", {}))
+        # the skips in force and the checkpoint's (at a rollback the former hold the latter).
+        # RUN/rollbacks.json is not read here but once in Trainer.run, after a resume: at a
+        # rollback rank 0 may have written this rollback's range into it already, and a rank
+        # that read it would compute the range against other skips than the others (a hang)
+        skips = SkipRanges([*skips.to_list(), *state.get("skip_samples", [])])
+        state["skip_samples"] = skips.to_list()
+        return Loaded(path, saved, state, skips)
+
+    # -- saving -------------------------------------------------------------------------------
+    def save(self, state: dict) -> Path:
+        """A checkpoint of ``state["step"]`` (in the background with ``checkpoint.async``);
+        records the loss scale and spike history into ``state`` first."""
+        cfg = self.cfg
+        state["loss_scale"] = self.precision.state_dict()
+        state["spike_history"] = self.guard.detector.state_dict()
+        started = time.perf_counter()
+        self.guard.watchdog.arm(f"checkpoint of step {state['step']}",
+                                cfg.watchdog.startup_seconds)
+        if cfg.checkpoint.async_:
+            if self._async_saver is None:
+                self._async_saver = AsyncCheckpointer(self.run_dir, cfg.checkpoint.keep_last,
+                                                      is_writer=self.is_main)
+            path = self._async_saver.save(state["step"], self.model, self.optimizer, state, cfg)
+        else:
+            path = save_checkpoint(self.run_dir, state["step"], self.model, self.optimizer,
+                                   state, cfg, cfg.checkpoint.keep_last, is_writer=self.is_main)
+        self.guard.watchdog.disarm()
+        self.guard.last_save_seconds = time.perf_counter() - started
+        return path
+
+    def raise_if_failed(self) -> None:
+        """Raise a background save's failure now (the run ends at the step that sees it)."""
+        if self._async_saver is not None:
+            self._async_saver.raise_if_failed()
+
+    def finish(self) -> None:
+        """Wait for a checkpoint still being written in the background."""
+        if self._async_saver is not None:
+            self.guard.watchdog.arm("finishing an async checkpoint",
+                                    self.cfg.watchdog.startup_seconds)
+            self._async_saver.wait()
+            self.guard.watchdog.disarm()
+
+    def settle(self) -> None:
+        """When the run fails with a checkpoint still being written in the background: let it
+        complete (under the watchdog), so that what it holds is kept; its own failure is
+        logged, the run's error stays the one reported."""
+        if self._async_saver is None or not self._async_saver.in_flight:
+            return
+        try:
+            self.finish()
+        except Exception as err:  # noqa: BLE001 - the run's own error is on its way out
+            self.log(f"the checkpoint being written when the run failed: {err}")
