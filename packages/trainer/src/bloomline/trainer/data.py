@@ -23,8 +23,11 @@ from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 
 from bloomline.common.errors import UserError
 from bloomline.dataprep import IndexRequest, build_sample_datasets
+from bloomline.dataprep.fingerprint import check_tokenizer_matches, corpus_prefixes
+from bloomline.dataprep.tokenizer import load_tokenizer
 from bloomline.trainer.config import Config, DataConfig
 from bloomline.trainer.survival import faults
+from bloomline.trainer.survival.run_folder import close_inherited_locks
 from bloomline.trainer.survival.sample_skips import SkipRanges
 
 __all__ = ["MegatronSampler", "StepBatches", "TokenSamples", "check_token_ids", "close_loader",
@@ -285,7 +288,6 @@ def _init_worker(worker_id: int) -> None:  # noqa: ARG001 - worker_init_fn signa
     the loop, which lives as long as the run. Elsewhere (macOS) torch's check remains."""
     for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
         signal.signal(sig, signal.SIG_IGN)
-    from bloomline.trainer.survival.run_folder import close_inherited_locks
 
     close_inherited_locks()
     _die_with_parent()
@@ -321,7 +323,6 @@ def load_run_tokenizer(data: DataConfig):
 
 @functools.lru_cache(maxsize=4)
 def _load_tokenizer_cached(spec: str, eod_token: str | None):
-    from bloomline.dataprep.tokenizer import load_tokenizer
 
     try:
         return load_tokenizer(spec, eod_token)
@@ -346,7 +347,6 @@ def check_vocabulary(data: DataConfig, model_vocab: int) -> int | None:
                         f"{model_vocab}; raise model.vocab_size (or set it to 0 to size it "
                         "from the tokenizer)")
     if data.corpus:
-        from bloomline.dataprep.fingerprint import check_tokenizer_matches, corpus_prefixes
 
         check_tokenizer_matches(corpus_prefixes(data.corpus), tokenizer, "data.tokenizer")
     return tokenizer.vocab_size

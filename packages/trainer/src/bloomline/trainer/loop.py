@@ -47,6 +47,8 @@ from bloomline.trainer.parallel import (
     resolve_layout,
     world_info,
 )
+from bloomline.trainer.parallel.data_parallel import shard_optimizer_state
+from bloomline.trainer.parallel.pipeline import build_pipeline
 from bloomline.trainer.precision import Precision, resolve_dtype
 from bloomline.trainer.step import clip_grad_norm, finish_step, max_norm, set_learning_rate
 from bloomline.trainer.survival import faults
@@ -114,7 +116,6 @@ class Trainer:
         self.dp_group = self.mesh["dp"].get_group() if self.layout.dp > 1 else None
         self.pipeline = None
         if self.layout.pp > 1:  # this rank keeps its stages only, each parallelized
-            from bloomline.trainer.parallel.pipeline import build_pipeline
 
             self.pipeline = build_pipeline(self.model, self.mesh, self.layout, cfg,
                                            self.device, loss_fn, loss_context)
@@ -123,7 +124,6 @@ class Trainer:
             parallelize(self.model, self.mesh, self.layout, cfg)
         self.optimizer = build_optimizer(self.model, cfg.optimizer)
         if self.layout.dp > 1 and cfg.parallel.zero_stage == 1:
-            from bloomline.trainer.parallel.data_parallel import shard_optimizer_state
 
             self.optimizer = shard_optimizer_state(self.optimizer, self.mesh["dp"])
         self.precision = Precision(cfg.precision, self.device)

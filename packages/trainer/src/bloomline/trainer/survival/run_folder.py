@@ -172,8 +172,6 @@ def check_start_point(run_dir: str | Path, setting: str, resumed: Path | None,
     Raises:
         UserError: Naming the checkpoints and the way to start over.
     """
-    from bloomline.trainer.checkpoint import list_checkpoints
-
     if resumed is not None and setting == "auto":
         # newer ones are damaged (the fallback skipped them): a save of the same step, once
         # the run gets there again, replaces each (its steps are trained again, none lost)
