@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 
 from bloomline.common.errors import UserError
+from bloomline.trainer.checkpoint.layout import list_checkpoints
 
 __all__ = ["LOCK_FILE", "RunLock", "check_start_point", "close_inherited_locks"]
 
