@@ -64,7 +64,8 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.harness.machine import OtherLoad, header_line, load_average, relative
-from benchmarks.harness.paths import CACHE_DIR, REPO
+from benchmarks.harness.paths import CACHE_DIR
+from benchmarks.harness.table import write_result
 from benchmarks.harness.text_corpus import byte_bpe_tokenizer, jsonl_corpus, sentencepiece_model
 from benchmarks.harness.tokenize_contestants import (
     ConcurrentLimit,
@@ -428,11 +429,7 @@ def report(m: dict) -> int:
                           f"{version('sentencepiece')}, datasets {version('datasets')}",
                           started=m["started"])
               + f"\n{m['load_before']}; os.cpu_count() = {os.cpu_count()}\n")
-    if a.out:
-        path = REPO / a.out
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(header + "\n" + "\n".join(lines) + "\n")
-        print(f"wrote {a.out}")
+    write_result(a.out, header, lines)
     if a.json:
         print(json.dumps({"corpus": m["stats"], "rows": [r for k in by_kind.values() for r in k],
                           "targets": results, "problems": problems,

@@ -13,7 +13,7 @@ from importlib.metadata import version
 from types import SimpleNamespace
 
 from benchmarks.harness.machine import header_line, relative
-from benchmarks.harness.paths import REPO
+from benchmarks.harness.table import write_result
 from benchmarks.tokenize_cluster_ray import HEAD, WORKER
 from benchmarks.tokenize_cluster_steps import WORKERS, med
 from bloomline.dataprep.sources import DEFAULT_CHUNK_BYTES
@@ -334,11 +334,7 @@ def report(m: dict) -> int:
     header = (header_line(f"ray {version('ray')}, tokenizers {version('tokenizers')}",
                           started=m["started"])
               + f"\n{m['load_before']}; os.cpu_count() = {os.cpu_count()}\n")
-    if a.out:
-        path = REPO / a.out
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(header + "\n" + "\n".join(lines) + "\n")
-        print(f"wrote {a.out}")
+    write_result(a.out, header, lines)
     if a.json:
         print(json.dumps({k: v.__dict__ for k, v in m["S"].items()}, indent=1))
     return 0

@@ -11,7 +11,9 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-__all__ = ["cell", "number", "print_table"]
+from benchmarks.harness.paths import REPO
+
+__all__ = ["cell", "number", "print_table", "write_result"]
 
 
 def cell(value, fmt: str, width: int = 13) -> str:
@@ -32,3 +34,14 @@ def print_table(header: str, lines: Iterable[str]) -> None:
     print("-" * len(header))
     for line in lines:
         print(line)
+
+
+def write_result(out: str, header: str, lines: list[str]) -> None:
+    """Write the header and the printed lines to ``out`` (relative to the repository), the
+    results file a benchmark's ``--out`` names; an empty ``out`` writes nothing."""
+    if not out:
+        return
+    path = REPO / out
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(header + "\n" + "\n".join(lines) + "\n")
+    print(f"wrote {out}")
