@@ -3,7 +3,8 @@
 glibc's malloc serves every allocation above its mmap threshold (128 KiB, adapting upward to
 at most 32 MiB) with a fresh ``mmap`` and returns it with ``munmap`` on free. A training step
 allocates and frees the same large activations, logits and gradients every step, so each step
-pays the page faults of first touch again (measurements: docs/perf/cpu-kernels.md). Raising the threshold keeps such blocks in the heap for reuse, the effect jemalloc
+pays the page faults of first touch again (measurements: docs/perf/cpu-kernels.md).
+Raising the threshold keeps such blocks in the heap for reuse, the effect jemalloc
 or tcmalloc give when preloaded (PyTorch's CPU performance guide recommends those; this needs
 no extra library). The cost: freed heap memory is kept by the process instead of returned.
 """
