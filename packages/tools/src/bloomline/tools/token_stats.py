@@ -46,6 +46,8 @@ def count_tokens(prefix: str | os.PathLike, vocab: Vocabulary, top: int = 20) ->
                  "share": float(histogram[i] / total) if total else 0.0}
                 for i in order.tolist() if histogram[i]]
     unused = histogram == 0
+    unused[vocab.unassigned_ids] = False  # ids no token has are no part of the vocabulary
+    tokens_in_vocabulary = vocab.vocab_size - len(vocab.unassigned_ids)
     return {
         "prefix": str(prefix), "tokenizer": vocab.model_path, "vocab_size": vocab.vocab_size,
         "tokens": total,
@@ -53,7 +55,8 @@ def count_tokens(prefix: str | os.PathLike, vocab: Vocabulary, top: int = 20) ->
         "byte_fallback_share": float(histogram[vocab.is_byte].sum() / total) if total else 0.0,
         "eod_id": vocab.eod_id,
         "eod_count": int(histogram[vocab.eod_id]) if vocab.eod_id is not None else 0,
-        "unused_ids": int(unused.sum()), "unused_share": float(unused.mean()),
+        "unused_ids": int(unused.sum()),
+        "unused_share": float(unused.sum() / tokens_in_vocabulary) if tokens_in_vocabulary else 0.0,
         "top": top_rows,
     }
 

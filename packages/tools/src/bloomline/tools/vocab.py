@@ -32,7 +32,9 @@ class Vocabulary:
     def __init__(self, model_path: str | os.PathLike) -> None:
         self.tokenizer = load_tokenizer(model_path)
         self.model_path = self.tokenizer.spec
+        # the largest id + 1: added tokens may sit above the base vocabulary, with gaps
         self.vocab_size = self.tokenizer.vocab_size
+        self.unassigned_ids = self.tokenizer.unassigned_ids()
         self.eod_id = self.tokenizer.special_ids.get("eod")
         self.is_byte = np.zeros(self.vocab_size, dtype=bool)
         self.is_byte[self.tokenizer.byte_ids()] = True

@@ -142,7 +142,8 @@ def generate(
     tok = load_run_tokenizer(cfg.data)
     prompt_ids = [int(i) for i in tok.encode_batch([prompt])[0]]
     ids = generate_ids(model, prompt_ids, max_new_tokens, temperature, top_k, top_p,
-                       tok.special_ids.get("eod"), seed, vocab_size=tok.vocab_size)
+                       tok.special_ids.get("eod"), seed, vocab_size=tok.vocab_size,
+                       unassigned_ids=tok.unassigned_ids())
     typer.echo(prompt + continuation_text(tok, prompt_ids, ids))
 
 

@@ -6,6 +6,8 @@ and fine for the few dozen tokens of a sanity check; ALiBi needs no position lim
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 __all__ = ["continuation_text", "generate_ids", "sample_next"]
@@ -34,18 +36,23 @@ def sample_next(logits: torch.Tensor, temperature: float, top_k: int, top_p: flo
 @torch.no_grad()
 def generate_ids(model, prompt_ids: list[int], max_new_tokens: int, temperature: float = 0.0,
                  top_k: int = 0, top_p: float = 1.0, eod_id: int | None = None,
-                 seed: int = 0, vocab_size: int | None = None) -> list[int]:
-    """Continue ``prompt_ids``. ``vocab_size``: the tokenizer's; ids at or above it (the
-    model's vocabulary is padded to a multiple of 128) are never produced: the tokenizer
-    could not decode them."""
+                 seed: int = 0, vocab_size: int | None = None,
+                 unassigned_ids: Sequence[int] = ()) -> list[int]:
+    """Continue ``prompt_ids``. ``vocab_size``: the tokenizer's (its largest id + 1); ids at
+    or above it (the model's vocabulary is padded to a multiple of 128) and
+    ``unassigned_ids`` (the tokenizer's gaps below it) are never produced: no token has them.
+    """
     model.eval()
     device = next(model.parameters()).device
     generator = torch.Generator(device="cpu").manual_seed(seed)
+    unassigned = torch.tensor(list(unassigned_ids), dtype=torch.long)
     ids = list(prompt_ids)
     for _ in range(max_new_tokens):
         logits = model(torch.tensor([ids], device=device))[0, -1].cpu()
         if vocab_size is not None:
             logits = logits[:vocab_size]
+        if len(unassigned):
+            logits = logits.index_fill(0, unassigned, float("-inf"))
         token = sample_next(logits, temperature, top_k, top_p, generator)
         ids.append(token)
         if token == eod_id:

@@ -74,7 +74,8 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
 
 
 def resolve_vocab(cfg: Config) -> None:
-    """model.vocab_size 0 means: the tokenizer's vocabulary padded to a multiple of 128 x tp."""
+    """model.vocab_size 0 means: the tokenizer's vocabulary (its largest id + 1, which counts
+    added tokens above the base vocabulary) padded to a multiple of 128 x tp."""
     if cfg.model.vocab_size == 0:
         if not cfg.data.tokenizer:
             raise UserError("model.vocab_size = 0 needs data.tokenizer to size the vocabulary")

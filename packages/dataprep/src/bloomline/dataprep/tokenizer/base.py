@@ -5,6 +5,12 @@ questions: ids of a batch of texts as numpy arrays, text of ids, the vocabulary 
 end-of-document id (EOD), the ids of the other special tokens, and a fingerprint of the
 vocabulary that token files record beside them (see :mod:`bloomline.dataprep.fingerprint`).
 
+The vocabulary size is the largest id + 1, never the number of entries: a ``tokenizer.json``
+may put its added tokens above its base vocabulary with ids unused between (GPT-4o's o200k
+has 200,000 entries and ``<|endofprompt|>`` at 200018), and tiktoken's ranks may leave gaps.
+Everything indexed by id (embedding rows, per-id arrays) and every range check needs the
+id space; :meth:`Tokenizer.unassigned_ids` names the ids inside it that no token has.
+
 EOD follows Megatron's tokenizers: ``eod`` is the model's end-of-sequence token. Each kind
 says how it finds it (see its module); ``eod_token`` names it when the files do not.
 
@@ -38,7 +44,6 @@ class Tokenizer(ABC):
             :func:`~bloomline.dataprep.tokenizer.loading.tokenizer_kind`); with
             ``eod_token`` enough to load it again (worker processes do).
         eod_token: the end-of-document token named by the user, or None (found by the kind).
-        vocab_size: ids are ``0 .. vocab_size - 1``.
         special_ids: role (``eod``, ``bos``, ``pad``, ``unk``) -> id, for the roles this
             tokenizer has. ``eod`` may be absent: then :attr:`eod_id` raises.
     """
@@ -68,7 +73,7 @@ class Tokenizer(ABC):
         self.spec = spec
         self.target = spec
         self.eod_token = eod_token
-        self.vocab_size = 0
+        self._vocab_size = 0  # the kind sets it: its largest id + 1
         self.special_ids: dict[str, int] = {}
         self._fingerprint: str | None = None
 
@@ -91,6 +96,11 @@ class Tokenizer(ABC):
     def _vocabulary_entries(self) -> Iterable[bytes]:
         """Every id's entry in id order, as bytes: what the fingerprint hashes."""
 
+    def unassigned_ids(self) -> list[int]:
+        """Ids below :attr:`vocab_size` that no token has (the gaps), in order: they decode to
+        nothing, so generation never picks them."""
+        return []
+
     def control_ids(self) -> list[int]:
         """Ids that decode to nothing (EOD, BOS, PAD, other special tokens)."""
         return sorted(set(self.special_ids.values()))
@@ -100,6 +110,15 @@ class Tokenizer(ABC):
         return []
 
     # -- derived ----------------------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        """The id space: ids are ``0 .. vocab_size - 1``, and ``vocab_size - 1`` is the largest
+        id the tokenizer has (an added token's, a special token's). More than the number of
+        entries when ids have gaps (see the module docstring). What sizes the model's
+        embedding (``model.vocab_size = 0``), the ``.bin`` dtype and per-id arrays, and what
+        ids are checked against."""
+        return self._vocab_size
+
     @property
     def eod_id(self) -> int:
         """The end-of-document id appended after each document.

@@ -18,9 +18,11 @@ SentencePiece and tiktoken read text that spells a special token (``</s>``,
 ``<|endoftext|>``) as text; ``split_special_tokens`` tells transformers to do the same.
 A ``tokenizer.json`` reads them as the special token, and so does its export.
 
-``generation_config.json`` carries the special ids and suppresses the ids past the tokenizer's
-vocabulary (the embedding is padded to a multiple of 128), as ``trainer generate`` does, so
-that a greedy ``generate`` in transformers continues a prompt as ours does.
+``generation_config.json`` carries the special ids and suppresses the ids no token has: those
+past the tokenizer's vocabulary (the embedding is padded to a multiple of 128) and the gaps
+inside it (added tokens above the base vocabulary), as ``trainer generate`` does, so that a
+greedy ``generate`` in transformers continues a prompt as ours does. The ``tokenizer.json``
+keeps every token at its id, added tokens above the base vocabulary included.
 """
 
 from __future__ import annotations
@@ -74,7 +76,8 @@ def _generation_config(tokenizer: Tokenizer, model_vocab_size: int) -> dict:
         "eos_token_id": tokenizer.special_ids.get("eod"),
         "pad_token_id": tokenizer.special_ids.get("pad"),
         # rows of the padded embedding that no token owns: never generated (as ours)
-        "suppress_tokens": list(range(tokenizer.vocab_size, model_vocab_size)) or None,
+        "suppress_tokens": (tokenizer.unassigned_ids()
+                            + list(range(tokenizer.vocab_size, model_vocab_size))) or None,
     }
 
 
@@ -91,7 +94,8 @@ def hf_tokenizer_files(tokenizer: Tokenizer, model_vocab_size: int) -> dict[str,
             converted (see :func:`tokenizer_json`).
     """
     if tokenizer.vocab_size > model_vocab_size:
-        raise UserError(f"{tokenizer.spec}: the tokenizer has {tokenizer.vocab_size} ids, the "
+        raise UserError(f"{tokenizer.spec}: the tokenizer has ids up to "
+                        f"{tokenizer.vocab_size - 1} (vocabulary {tokenizer.vocab_size}), the "
                         f"model's embedding {model_vocab_size} rows; it is not this model's "
                         "tokenizer")
     files = {

@@ -80,7 +80,10 @@ class HuggingFaceTokenizer(Tokenizer):
                             f"({str(err).splitlines()[0][:200]})") from None
         self._tok.no_padding()
         self._tok.no_truncation()
-        self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+        # not get_vocab_size(): it counts entries, fewer than the id space when added tokens
+        # sit above the base vocabulary with unused ids between (base.py's docstring)
+        self._vocab_size = max(self._tok.get_vocab(with_added_tokens=True).values(),
+                               default=-1) + 1
         self.special_ids = self._find_special_ids(path.parent / "tokenizer_config.json")
         if eod_token is not None:
             token_id = self._tok.token_to_id(eod_token)
@@ -145,6 +148,11 @@ class HuggingFaceTokenizer(Tokenizer):
                    if token.special]
         return sorted(set(special) | set(self.special_ids.values()))
 
+    def unassigned_ids(self) -> list[int]:
+        assigned = np.zeros(self.vocab_size, dtype=bool)
+        assigned[list(self._tok.get_vocab(with_added_tokens=True).values())] = True
+        return np.flatnonzero(~assigned).tolist()
+
     def byte_ids(self) -> list[int]:
         # byte-fallback BPE (Llama 2 style) spells bytes <0xAB>; byte-level BPE has no fallback
         vocab = self._tok.get_vocab(with_added_tokens=False)
@@ -153,8 +161,7 @@ class HuggingFaceTokenizer(Tokenizer):
     def _vocabulary_entries(self) -> Iterable[bytes]:
         by_id = [""] * self.vocab_size
         for token, i in self._tok.get_vocab(with_added_tokens=True).items():
-            if i < self.vocab_size:
-                by_id[i] = token
+            by_id[i] = token  # an unassigned id hashes as an empty entry
         return (token.encode("utf-8") for token in by_id)
 
     @property

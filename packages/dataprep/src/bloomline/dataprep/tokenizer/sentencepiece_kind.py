@@ -52,7 +52,7 @@ class SentencePieceTokenizer(Tokenizer):
         except (OSError, RuntimeError) as err:
             raise UserError(f"{spec}: not a readable SentencePiece model "
                             f"({str(err).splitlines()[0]})") from None
-        self.vocab_size = self._sp.GetPieceSize()
+        self._vocab_size = self._sp.GetPieceSize()  # pieces have the ids 0 .. size - 1
         roles = {"unk": self._sp.unk_id(), "bos": self._sp.bos_id(), "eod": self._sp.eos_id(),
                  "pad": self._sp.pad_id()}
         if eod_token is not None:

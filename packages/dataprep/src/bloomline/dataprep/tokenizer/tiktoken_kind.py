@@ -81,7 +81,7 @@ class TiktokenTokenizer(Tokenizer):
     def __init__(self, spec: str, eod_token: str | None = None) -> None:
         super().__init__(spec, eod_token)
         self._encoding = _load_encoding(spec)
-        self.vocab_size = self._encoding.n_vocab
+        self._vocab_size = self._encoding.n_vocab  # tiktoken's: the largest token id + 1
         specials = self._encoding.special_tokens_set
         token = eod_token if eod_token is not None else _EOD
         if eod_token is not None or token in specials:
@@ -124,15 +124,23 @@ class TiktokenTokenizer(Tokenizer):
         return sorted(self._encoding.encode_single_token(token)
                       for token in self._encoding.special_tokens_set)
 
+    def unassigned_ids(self) -> list[int]:
+        return [i for i, entry in enumerate(self._entries_or_none()) if entry is None]
+
     def to_tokenizer_json(self) -> str:
         return tiktoken_to_tokenizers(self._encoding, self.spec).to_str()
 
     def _vocabulary_entries(self) -> Iterable[bytes]:
+        return (b"" if entry is None else entry for entry in self._entries_or_none())
+
+    def _entries_or_none(self) -> Iterator[bytes | None]:
+        """Every id's bytes in id order; None where no token has the id (ranks may leave gaps
+        below the special tokens)."""
         for i in range(self.vocab_size):
             try:
                 yield self._encoding.decode_single_token_bytes(i)
-            except KeyError:  # ranks may leave gaps below the special tokens
-                yield b""
+            except KeyError:
+                yield None
 
 
 def _load_encoding(spec: str):
