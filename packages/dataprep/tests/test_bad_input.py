@@ -232,3 +232,40 @@ def test_a_worker_killed_by_the_system_is_one_line(tmp_path, tiny_tokenizer):
         "error: tokenize: a worker process died")
     assert b"Traceback" not in stderr
     assert list(out.iterdir()) == []
+
+
+SCRIPT = """\
+import sys
+from bloomline.dataprep import tokenize_corpus
+
+def main():
+    tokenize_corpus([sys.argv[1]], sys.argv[2], sys.argv[3], workers=2, show_progress=False)
+    print("tokenized")
+
+{call}
+"""
+
+
+@pytest.mark.parametrize("guarded", [False, True])
+def test_a_script_without_the_main_guard_is_told_so(tmp_path, tiny_tokenizer, guarded):
+    """Catches: a script that calls tokenize_corpus at top level (the spawn workers import it
+    again) told that "a worker process died ... out of memory", after each worker printed a
+    page of multiprocessing's traceback; and the check firing on a script that has the guard."""
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(f'{{"text": "document {i}"}}\n' for i in range(50)))
+    call = 'if __name__ == "__main__":\n    main()' if guarded else "main()"
+    script = tmp_path / "prepare.py"
+    script.write_text(SCRIPT.format(call=call))
+    out = tmp_path / "out"
+    result = subprocess.run([sys.executable, script, source, tiny_tokenizer, out / "c"],
+                            capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    if guarded:
+        assert result.returncode == 0 and "tokenized" in result.stdout, result.stderr
+        return
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("bloomline.common.errors.UserError: tokenize: the worker processes "
+                           f"ran {script} again") and 'if __name__ == "__main__":' in last, last
+    assert "out of memory" not in result.stderr and "bootstrapping" not in result.stderr
+    assert result.stderr.count("Traceback") == 1  # the script's own, not one per worker
+    assert list(out.iterdir()) == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -30,13 +31,36 @@ def test_byte_fallback_and_exact_round_trip(tiny_tokenizer):
 
 
 def test_train_refuses_impossible_vocab_with_one_line(tmp_path):
-    """Catches: SentencePiece's multi-line RuntimeError escaping as a traceback."""
+    """Catches: SentencePiece's multi-line RuntimeError escaping as a traceback, or a refusal
+    that does not say how many entries the text yields."""
     src = tmp_path / "in.jsonl"
     src.write_text(json.dumps({"text": "tiny corpus"}) + "\n")
-    with pytest.raises(UserError, match="SentencePiece refused: .*[Vv]ocab") as info:
+    with pytest.raises(UserError, match=r"the text yields only \d+ vocabulary entries, "
+                                        "--vocab-size 5000 asked") as info:
         train_tokenizer([str(src)], tmp_path / "t", vocab_size=5000, num_threads=1)
     assert "\n" not in str(info.value)
     assert not list(tmp_path.glob("t.*")) and not list(tmp_path.glob(".t.*"))
+
+
+def test_byte_bpe_refuses_a_vocabulary_the_text_cannot_fill(tmp_path, cli):
+    """Catches: ``--kind byte-bpe`` writing a tokenizer.json with fewer entries than
+    --vocab-size (the trainer runs out of pairs to merge) and exiting 0 without a word, while
+    SentencePiece refuses the same text."""
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"text": f"the quick brown fox {i}"}) + "\n"
+                           for i in range(50)))
+    result = cli("train-tokenizer", src, "--kind", "byte-bpe", "--vocab-size", "5000",
+                 "--output", tmp_path / "bpe")
+    assert result.returncode == 1
+    (line,) = result.stderr.strip().splitlines()
+    yielded = int(re.search(r"yields only ([\d,]+) vocabulary", line).group(1).replace(",", ""))
+    assert 300 < yielded < 5000 and f"--vocab-size {yielded} or less" in line
+    assert not (tmp_path / "bpe").exists()
+    # asking for what it yields works: that many entries, exactly
+    result = cli("train-tokenizer", src, "--kind", "byte-bpe", "--vocab-size", str(yielded),
+                 "--output", tmp_path / "bpe")
+    assert result.returncode == 0, result.stderr
+    assert load_tokenizer(tmp_path / "bpe").vocab_size == yielded
 
 
 def test_train_samples_a_bounded_number_of_lines(tmp_path):

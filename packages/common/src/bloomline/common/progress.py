@@ -3,6 +3,12 @@
 On a terminal it redraws one line (at most 5 times a second); when stderr is a file or a pipe
 (CI, nohup, SLURM logs) it prints a full line every ``log_interval`` seconds instead, so that
 logs stay readable.
+
+Every number carries its unit, rates included: ``5.46k docs (4.72k docs/s)``; byte counts
+take the prefix their size calls for: ``63 B``, ``12.3 kB``, ``3.45 MB (2.99 MB/s)``. The
+total behind the percentage and the ETA may be an estimate (on-disk bytes that the work does
+not consume exactly), so the percentage stops at 99% until :meth:`Progress.close` says the
+work is done, and the last line says ``100%`` and ``done``.
 """
 
 from __future__ import annotations
@@ -12,16 +18,20 @@ import time
 from dataclasses import dataclass
 from typing import TextIO
 
-__all__ = ["Counter", "Progress", "format_duration"]
+__all__ = ["BYTES", "Counter", "Progress", "format_duration", "format_quantity"]
+
+
+BYTES = "B"
+"""The label of a counter of bytes: shown as B, kB, MB, GB, TB by size."""
 
 
 @dataclass(frozen=True)
 class Counter:
-    """One quantity shown with its rate: ``key`` is what :meth:`Progress.update` adds to."""
+    """One quantity shown with its rate: ``key`` is what :meth:`Progress.update` adds to,
+    ``label`` the unit after the number (``docs``, ``tokens``, or :data:`BYTES`)."""
 
     key: str
     label: str
-    scale: float = 1.0  # shown value = raw / scale (e.g. 1e6 for MB)
 
 
 def format_duration(seconds: float) -> str:
@@ -32,12 +42,35 @@ def format_duration(seconds: float) -> str:
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
+_PREFIXES = (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3), ("", 1.0))
+
+
+def _scaled(value: float) -> tuple[str, str]:
+    """(number, SI prefix) with three significant digits at most and never an exponent:
+    ``1234567`` -> ``("1.23", "M")``, ``999.7`` -> ``("1", "k")``, ``0.004`` -> ``("<0.01", "")``.
+    """
+    if value != 0 and abs(value) < 0.01:
+        return ("<0.01" if value > 0 else "-<0.01"), ""
+    # the prefix of the rounded value: 999.7 shows as 1k, not 1e+03
+    rounded = abs(float(f"{value:.3g}"))
+    for prefix, factor in _PREFIXES:
+        if rounded >= factor or not prefix:
+            return f"{value / factor:.3g}", prefix
+    raise AssertionError("unreachable")
+
+
 def _human(value: float) -> str:
     """Three significant digits at most: ``1234567`` -> ``1.23M``, ``812.1`` -> ``812``."""
-    for unit, factor in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(value) >= factor:
-            return f"{value / factor:.3g}{unit}"
-    return f"{value:.3g}"
+    number, prefix = _scaled(value)
+    return number + prefix
+
+
+def format_quantity(value: float, label: str) -> str:
+    """``value`` with its unit: ``1.2k docs``, ``3.45 MB`` (``label`` :data:`BYTES`)."""
+    number, prefix = _scaled(value)
+    if label == BYTES:
+        return f"{number} {prefix}B"
+    return f"{number}{prefix} {label}"
 
 
 class Progress:
@@ -91,24 +124,30 @@ class Progress:
             self._last_print = now
             self._emit(final=False)
 
-    def render(self) -> str:
-        """The current line, e.g. ``tokenize 42% | 1.20k docs (300/s) | ... | ETA 0:12``."""
+    def render(self, final: bool = False, done: bool = False) -> str:
+        """The current line, e.g. ``tokenize 42% | 1.2k docs (300 docs/s) | ... | ETA 0:12``.
+        A ``final`` line has no ETA; with ``done`` (the work is complete) it says ``100%`` and
+        ``done``."""
         elapsed = max(self.elapsed, 1e-9)
         parts = [self.description]
         fraction = None
         if self.total and self.total_key is not None:
-            fraction = min(1.0, self.values[self.total_key] / self.total)
-            parts[0] += f" {100 * fraction:3.0f}%"
+            # the total may be an estimate: only the end of the work is 100%
+            fraction = 1.0 if done else min(0.99, self.values[self.total_key] / self.total)
+            parts[0] += f" {int(100 * fraction):3d}%"
         for c in self.counters:
-            value = self.values[c.key] / c.scale
-            parts.append(f"{_human(value)} {c.label} ({_human(value / elapsed)}/s)")
+            value = self.values[c.key]
+            parts.append(f"{format_quantity(value, c.label)} "
+                         f"({format_quantity(value / elapsed, c.label)}/s)")
         parts.append(format_duration(elapsed))
-        if fraction is not None and 0 < fraction < 1:
+        if done:
+            parts.append("done")
+        elif not final and fraction is not None and 0 < fraction < 0.99:
             parts.append(f"ETA {format_duration(elapsed * (1 - fraction) / fraction)}")
         return " | ".join(parts)
 
-    def _emit(self, final: bool) -> None:
-        line = self.render()
+    def _emit(self, final: bool, done: bool = False) -> None:
+        line = self.render(final, done)
         if self._is_tty:
             end = "\n" if final else ""
             self.stream.write(f"\r\033[K{line}{end}")
@@ -116,8 +155,9 @@ class Progress:
             self.stream.write(line + "\n")
         self.stream.flush()
 
-    def close(self) -> None:
-        """Print the final state once."""
+    def close(self, done: bool = True) -> None:
+        """Print the final state once: ``done`` when the work is complete (100%, no ETA),
+        else the fraction reached (a job that stops early)."""
         if self.enabled:
-            self._emit(final=True)
+            self._emit(final=True, done=done)
             self.enabled = False

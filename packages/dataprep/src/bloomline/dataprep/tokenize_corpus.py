@@ -52,7 +52,7 @@ from pathlib import Path
 from bloomline.common import faults
 from bloomline.common.atomic import check_can_write
 from bloomline.common.errors import UserError
-from bloomline.common.progress import Counter, Progress
+from bloomline.common.progress import BYTES, Counter, Progress
 from bloomline.common.stop_signals import StoppedError, StopSignals, Terminated
 from bloomline.dataprep.chunk_worker import (
     ChunkResult,
@@ -127,6 +127,45 @@ def output_prefixes(output: str, keys: list[str]) -> dict[str, str]:
     return {key: f"{output}_{key}" for key in keys}
 
 
+# The exit status of a worker that stopped because it was running the parent's main script
+# again (_stop_if_reimporting_main); any status no worker has otherwise would do.
+_MAIN_REIMPORT_EXIT = 86
+
+
+def _stop_if_reimporting_main() -> None:
+    """Exit at once, with :data:`_MAIN_REIMPORT_EXIT`, when called in a worker process that is
+    still importing the parent's main script.
+
+    The spawn start method runs the main script again in every worker (as ``__mp_main__``).
+    A script that calls :func:`tokenize_corpus` without an ``if __name__ == "__main__":``
+    guard so calls it again in each worker, where it would start a pool of its own (which
+    multiprocessing refuses with a page of traceback); the parent would only see its workers
+    die. Exiting with a status of our own lets the parent say what happened.
+    """
+    # multiprocessing's own sign of a process still bootstrapping (what it checks before
+    # refusing to start a process there)
+    if getattr(multiprocessing.current_process(), "_inheriting", False):
+        os._exit(_MAIN_REIMPORT_EXIT)  # not SystemExit: the script may catch that
+
+
+def _main_guard_error() -> UserError:
+    main = sys.modules.get("__main__")
+    script = getattr(main, "__file__", None) or "the main script"
+    return UserError(
+        f"tokenize: the worker processes ran {script} again and it called tokenize_corpus "
+        "again (the spawn start method imports the main script in every worker): put the "
+        'code that calls it under `if __name__ == "__main__":`')
+
+
+def _worker_exit_codes(pool: ProcessPoolExecutor) -> list[int | None]:
+    """Exit statuses of the pool's processes (None: still running), once they are reaped."""
+    processes = list((getattr(pool, "_processes", None) or {}).values())
+    for process in processes:
+        with contextlib.suppress(Exception):
+            process.join(timeout=5)
+    return [getattr(process, "exitcode", None) for process in processes]
+
+
 def _results_in_flight(chunks: Iterator[Chunk], workers: int, init_args: tuple
                        ) -> Iterator[ChunkResult]:
     """Yield chunk results as workers finish them, keeping at most 2 * workers queued."""
@@ -169,6 +208,8 @@ def _results_in_flight(chunks: Iterator[Chunk], workers: int, init_args: tuple
         finished = True
     except BrokenProcessPool:
         # raised by result() or by submit(), whichever notices first
+        if _MAIN_REIMPORT_EXIT in _worker_exit_codes(pool):
+            raise _main_guard_error() from None
         raise UserError("tokenize: a worker process died (killed, or out of memory); rerun "
                         "with fewer --workers or a smaller --chunk-mb") from None
     finally:
@@ -342,10 +383,16 @@ def tokenize_corpus(
     started here for this job; see :mod:`~bloomline.dataprep.ray_tasks`); ``workers`` is
     then the number of cores of a local instance.
 
+    With ``workers > 1`` the workers are started with the spawn method, which imports the
+    caller's main script in each of them: a script must call this under
+    ``if __name__ == "__main__":`` (one that does not gets an error saying so).
+
     Raises:
-        UserError: for bad input (named by file and line), a bad tokenizer model, or outputs
-            that exist without ``overwrite``. Nothing is left under the output names then.
+        UserError: for bad input (named by file and line), a bad tokenizer model, outputs
+            that exist without ``overwrite``, or a calling script without the main guard.
+            Nothing is left under the output names then.
     """
+    _stop_if_reimporting_main()
     keys = list(keys)
     if not keys or len(set(keys)) != len(keys):
         raise UserError(f"--json-key {keys}: give one or more distinct keys")
@@ -364,7 +411,7 @@ def tokenize_corpus(
     summary = TokenizeSummary(outputs)
     progress = Progress(
         "tokenize",
-        [Counter("docs", "docs"), Counter("text_bytes", "MB", 1e6), Counter("tokens", "tokens")],
+        [Counter("docs", "docs"), Counter("text_bytes", BYTES), Counter("tokens", "tokens")],
         total=total_bytes or None, total_key="source_bytes",
         enabled=show_progress)
     out_dir = Path(output).parent

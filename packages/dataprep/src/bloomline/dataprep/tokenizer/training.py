@@ -13,6 +13,10 @@ pass, reservoir sampling), so memory does not grow with the corpus.
   ``AutoTokenizer`` and ``--tokenizer OUTPUT`` read).
 
 Both use the special ids of BLOOM's config: ``<unk>`` 0, ``<s>`` 1, ``</s>`` 2 (EOD), ``<pad>`` 3.
+
+Both refuse, writing nothing, when the text yields fewer entries than ``--vocab-size`` asks
+(a byte-level BPE runs out of pairs to merge; SentencePiece refuses the same way): the line
+says how many it yields, so that the next run asks for what the text can give or adds text.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -38,6 +43,9 @@ _MAX_SENTENCE_BYTES = 4192
 # BLOOM's pre-tokenizer: words with their leading space, punctuation (Latin, CJK, Devanagari,
 # Arabic) on its own; whitespace runs are kept (isolated), so text round-trips exactly
 _BLOOM_SPLIT = " ?[^(\\s|[.,!?…。，、।۔،])]+"
+# SentencePiece's refusal of a vocabulary larger than the text yields
+_SENTENCEPIECE_TOO_FEW = re.compile(r"Vocabulary size too high \((\d+)\)\. Please set it to a "
+                                    r"value <= (\d+)")
 
 
 def _training_sentences(inputs: list[str], keys: list[str], txt_per_line: bool,
@@ -117,6 +125,16 @@ def _sample_sentences(inputs, keys, max_sentences, txt_per_line, skip_bad_lines,
     return sentences
 
 
+def _too_few_entries(yielded: int, asked: int, sentences: list[str], max_sentences: int
+                     ) -> UserError:
+    """The one line for a text that yields fewer vocabulary entries than asked."""
+    sample = (f"; the sample is capped at --max-sentences {max_sentences} lines: raise it"
+              if len(sentences) >= max_sentences else "")
+    return UserError(f"train-tokenizer: the text yields only {yielded:,} vocabulary entries, "
+                     f"--vocab-size {asked} asked; give more text or --vocab-size {yielded} or "
+                     f"less{sample} (nothing written)")
+
+
 def _train_byte_bpe(inputs: list[str], output: Path, vocab_size: int, keys: tuple[str, ...],
                     max_sentences: int, txt_per_line: bool, skip_bad_lines: bool, seed: int,
                     overwrite: bool) -> Path:
@@ -141,6 +159,9 @@ def _train_byte_bpe(inputs: list[str], output: Path, vocab_size: int, keys: tupl
                          initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                          show_progress=False)
     tokenizer.train_from_iterator(sentences, trainer=trainer, length=len(sentences))
+    # the trainer stops early, silently, when no pair is left to merge
+    if tokenizer.get_vocab_size() < vocab_size:
+        raise _too_few_entries(tokenizer.get_vocab_size(), vocab_size, sentences, max_sentences)
     unk, bos, eos, pad = SPECIAL_TOKENS
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": unk,
               "bos_token": bos, "eos_token": eos, "pad_token": pad,
@@ -208,6 +229,10 @@ def _train_sentencepiece(
         os.replace(f"{tmp_prefix}.vocab", vocab_path)
         os.replace(f"{tmp_prefix}.model", model_path)
     except RuntimeError as err:
+        too_few = _SENTENCEPIECE_TOO_FEW.search(str(err))
+        if too_few:
+            raise _too_few_entries(int(too_few.group(2)), vocab_size, sentences,
+                                   max_sentences) from None
         raise UserError(f"train-tokenizer: SentencePiece refused: {str(err).splitlines()[0]}"
                         ) from None
     finally:
