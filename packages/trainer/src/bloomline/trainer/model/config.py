@@ -23,7 +23,8 @@ class ModelConfig:
 
     vocab_size: int = ranged(50304, ge=0, le=2**31 - 1)
     """Embedding rows, already padded (see padded_vocab_size); the data's ids must be below it.
-    0 (trainer): the tokenizer's vocabulary, padded. Divisible by parallel.tensor_parallel."""
+    0 (trainer): the tokenizer's vocabulary (its largest id + 1), padded to a multiple of
+    128 x tensor_parallel. Divisible by parallel.tensor_parallel."""
     hidden_size: int = ranged(768, ge=1)
     """Width of the residual stream (h)."""
     num_layers: int = ranged(12, ge=1)
