@@ -94,8 +94,7 @@ def hf_tokenizer_files(tokenizer: Tokenizer, model_vocab_size: int) -> dict[str,
             converted (see :func:`tokenizer_json`).
     """
     if tokenizer.vocab_size > model_vocab_size:
-        raise UserError(f"{tokenizer.spec}: the tokenizer has ids up to "
-                        f"{tokenizer.vocab_size - 1} (vocabulary {tokenizer.vocab_size}), the "
+        raise UserError(f"{tokenizer.spec}: the tokenizer has {tokenizer.vocab_size} ids, the "
                         f"model's embedding {model_vocab_size} rows; it is not this model's "
                         "tokenizer")
     files = {
