@@ -536,3 +536,22 @@ def test_merge_refuses_parts_of_an_input_that_changed_since(tiny_tokenizer, tmp_
     assert code == 1, out
     assert err.startswith(f"error: merge: input {x} is ") and "tokenize the parts again" in err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("count", [1, 3])
+def test_chunks_account_for_every_byte_of_the_job(tmp_path, count):
+    """Catches: a progress line stuck below 100% at the end (and an ETA off all along):
+    Parquet chunks counted only their column pages, not the footer, and dataset-folder
+    chunks a per-row size rounded down, so they summed to less than the job's total."""
+    import datasets
+
+    from bloomline.dataprep.sources import iter_chunks
+
+    datasets.disable_progress_bars()
+    _write_parquet(tmp_path / "c.parquet", _texts(3, 200), row_group_size=40)
+    datasets.Dataset.from_dict({"text": _texts(4, 301)}).save_to_disk(str(tmp_path / "d_hf"))
+    sources = expand_inputs([str(tmp_path / "c.parquet"), str(tmp_path / "d_hf")])
+    for k in range(count):
+        part = shard_sources(sources, k, count) if count > 1 else sources
+        chunks = list(iter_chunks(part, max_chunk_bytes=4096))
+        assert sum(c.source_bytes for c in chunks) == sum(s.work_bytes for s in part)

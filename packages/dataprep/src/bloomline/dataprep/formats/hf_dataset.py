@@ -84,12 +84,15 @@ class HuggingFaceDatasetFormat(Format):
         if num_rows == 0:
             return
         bytes_per_row = max(1, source.size // len(dataset))
-        start = source.start
+        start, accounted = source.start, 0
         while start < num_rows:
             stop = min(num_rows, start + max(1, sizer.next_size() // bytes_per_row))
-            yield Chunk(next_index, source, "hf", start=start, stop=stop,
-                        source_bytes=(stop - start) * bytes_per_row)
+            share = (stop - start) * bytes_per_row
+            if stop == num_rows:  # with what bytes_per_row's rounding left: progress ends at 100%
+                share = max(share, source.work_bytes - accounted)
+            yield Chunk(next_index, source, "hf", start=start, stop=stop, source_bytes=share)
             next_index += 1
+            accounted += share
             start = stop
 
     def documents(self, chunk: Chunk, keys: list[str], out: DocumentCollector) -> None:

@@ -56,7 +56,7 @@ class ParquetFormat(Format):
     def chunks(self, source: Source, sizer: ChunkSizer, next_index: int) -> Iterator[Chunk]:
         meta = _metadata(source)
         groups: list[int] = []
-        text_bytes = disk_bytes = 0
+        text_bytes = disk_bytes = accounted = 0
         last = meta.num_row_groups if source.stop is None else source.stop
         for g in range(source.start, last):
             rg = meta.row_group(g)
@@ -64,9 +64,12 @@ class ParquetFormat(Format):
             text_bytes += rg.total_byte_size
             disk_bytes += sum(rg.column(c).total_compressed_size for c in range(rg.num_columns))
             if text_bytes >= sizer.next_size() or g == last - 1:
+                if g == last - 1:  # the footer and page headers too: progress ends at the total
+                    disk_bytes = max(disk_bytes, source.work_bytes - accounted)
                 yield Chunk(next_index, source, "parquet", groups=tuple(groups),
                             source_bytes=disk_bytes)
                 next_index += 1
+                accounted += disk_bytes
                 groups, text_bytes, disk_bytes = [], 0, 0
 
     def documents(self, chunk: Chunk, keys: list[str], out: DocumentCollector) -> None:
