@@ -576,11 +576,12 @@ def _type_name(hint: Any) -> str:
     return str(hint).replace("typing.", "")
 
 
-def describe_keys(cls: type, prefix: str = "") -> list[dict[str, Any]]:
+def describe_keys(cls: type, config: Any = None, prefix: str = "") -> list[dict[str, Any]]:
     """Every key of the dataclass tree ``cls`` in declaration order, as ``{"key": dotted name,
     "section", "type", "default" (as TOML writes it; None: unset), "allowed" (the declared
-    range, or ""), "doc" (the docstring written under the field; "" when it has none)}``:
-    what ``--doc`` prints, made from the tree itself so that it cannot drift from it."""
+    range, or ""), "doc" (the docstring written under the field; "" when it has none)}``,
+    plus ``"value"`` (written as the default is) when an instance ``config`` is given: what
+    ``--doc`` prints, made from the tree itself so that it cannot drift from it."""
     rows: list[dict[str, Any]] = []
     hints = typing.get_type_hints(cls)
     docs = _written_docs(cls)
@@ -588,13 +589,20 @@ def describe_keys(cls: type, prefix: str = "") -> list[dict[str, Any]]:
     for field in dataclasses.fields(cls):
         key, hint = _key(field.name), hints[field.name]
         if dataclasses.is_dataclass(hint):
-            rows += describe_keys(hint, f"{prefix}{key}.")
+            child = getattr(config, field.name) if config is not None else None
+            rows += describe_keys(hint, child, f"{prefix}{key}.")
             continue
-        default = getattr(defaults, field.name)
         rng = field_range(field)
-        rows.append({"key": f"{prefix}{key}", "section": prefix.rstrip("."),
-                     "type": "path" if PATH in field.metadata else _type_name(hint),
-                     "default": None if default is None else _toml_value(default),
-                     "allowed": rng.describe() if rng is not None else "",
-                     "doc": docs.get(key, "")})
+        row = {"key": f"{prefix}{key}", "section": prefix.rstrip("."),
+               "type": "path" if PATH in field.metadata else _type_name(hint),
+               "default": _shown(getattr(defaults, field.name)),
+               "allowed": rng.describe() if rng is not None else "",
+               "doc": docs.get(key, "")}
+        if config is not None:
+            row["value"] = _shown(getattr(config, field.name))
+        rows.append(row)
     return rows
+
+
+def _shown(value: Any) -> str | None:
+    return None if value is None else _toml_value(value)
