@@ -102,3 +102,20 @@ def test_a_checkpoint_without_a_copy_uses_the_original_tokenizer(trained, monkey
     given = _invoke("generate", checkpoint, "--prompt", "The", "--max-new-tokens", "2",
                     "--tokenizer", trained / "tiny.model")
     assert given.stdout.startswith("The")
+
+
+def test_a_resume_of_an_older_checkpoint_does_not_list_its_relative_paths(tmp_path,
+                                                                          monkeypatch):
+    """Bug: every resume of a checkpoint saved with relative paths logging 'data.corpus corpus
+    -> /abs/corpus' as a changed setting, hiding the real changes in the line."""
+    from bloomline.trainer.checkpoint import changed_settings
+    from bloomline.trainer.config import Config
+
+    monkeypatch.chdir(tmp_path)
+    saved, current = Config(), Config()
+    saved.data.corpus, current.data.corpus = "corpus", str(tmp_path / "corpus")
+    current.optimizer.lr = 1e-3
+    assert changed_settings(saved, current) == ["optimizer.lr 0.0003 -> 0.001"]
+    current.data.corpus = str(tmp_path / "other")
+    moved = f"data.corpus '{tmp_path / 'corpus'}' -> '{tmp_path / 'other'}'"
+    assert moved in changed_settings(saved, current)

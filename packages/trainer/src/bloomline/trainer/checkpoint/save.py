@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import copy
 import json
 import os
 import random
@@ -41,7 +42,7 @@ import numpy as np
 import torch
 import torch.distributed.checkpoint as dcp
 
-from bloomline.common.config_loader import config_from_dict, to_toml
+from bloomline.common.config_loader import config_from_dict, resolve_paths, to_toml
 from bloomline.common.errors import UserError
 from bloomline.trainer.checkpoint.failure import failed_save
 from bloomline.trainer.checkpoint.layout import (
@@ -304,7 +305,12 @@ _NOT_COMPARED = {"train.run_dir", "checkpoint.resume", "checkpoint.init_from",
 def changed_settings(saved, current) -> list[str]:
     """``section.key old -> new`` for every setting of ``current`` that differs from the
     config a checkpoint was written with (``check_compatible`` refuses the ones a resume
-    cannot change; the rest take this run's value)."""
+    cannot change; the rest take this run's value). A relative path in a checkpoint written
+    before paths were saved absolute is read from the working directory: not a change when
+    it names the same place."""
+    saved = copy.deepcopy(saved)
+    resolve_paths(saved)
+
     def leaves(tree: dict, prefix: str = "") -> dict:
         flat = {}
         for key, value in tree.items():
