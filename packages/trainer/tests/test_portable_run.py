@@ -119,3 +119,30 @@ def test_a_resume_of_an_older_checkpoint_does_not_list_its_relative_paths(tmp_pa
     current.data.corpus = str(tmp_path / "other")
     moved = f"data.corpus '{tmp_path / 'corpus'}' -> '{tmp_path / 'other'}'"
     assert moved in changed_settings(saved, current)
+
+
+@pytest.mark.parametrize("fixture", ["tiny_tokenizer", "tiny_byte_bpe", "tiny_tiktoken",
+                                     "eos_named_in_tokenizer_config"])
+def test_the_copy_loads_as_the_original_for_every_kind(fixture, request, tmp_path):
+    """Bug: a copy that is not the tokenizer the run used: the export loaded instead of the
+    SentencePiece model, a Hugging Face file copied without the tokenizer_config.json that
+    names its EOD token, or a kind that gets no copy at all."""
+    from bloomline.dataprep.tokenizer import load_tokenizer
+    from bloomline.trainer.checkpoint import copied_tokenizer, tokenizer_copy_files
+    from bloomline.trainer.config import DataConfig
+    from bloomline.trainer.survival.run_folder import write_run_tokenizer
+
+    if fixture == "eos_named_in_tokenizer_config":  # not the well-known </s>
+        spec = str(shutil.copytree(request.getfixturevalue("tiny_byte_bpe"), tmp_path / "hf"))
+        (tmp_path / "hf" / "tokenizer_config.json").write_text('{"eos_token": "<pad>"}')
+    else:
+        spec = str(request.getfixturevalue(fixture))
+    write_run_tokenizer(tmp_path / "run", tokenizer_copy_files(DataConfig(tokenizer=spec)))
+    assert (tmp_path / "run" / "tokenizer" / "tokenizer.json").is_file()  # AutoTokenizer's
+    original, copy = load_tokenizer(spec), load_tokenizer(copied_tokenizer(tmp_path / "run"))
+    assert copy.kind == original.kind and copy.special_ids == original.special_ids
+    if fixture == "eos_named_in_tokenizer_config":
+        assert original.special_ids["eod"] == original.special_ids["pad"]
+    texts = ["The quick brown fox.", "Привет, мир! 東京 👩‍💻"]
+    assert [list(ids) for ids in copy.encode_batch(texts)] == [
+        list(ids) for ids in original.encode_batch(texts)]

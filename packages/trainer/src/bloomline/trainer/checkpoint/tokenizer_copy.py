@@ -5,9 +5,10 @@ Contract:
 
 - ``tokenizer/`` in the run folder (written at start) and in every checkpoint (written with
   it, listed in its manifest) holds the file ``data.tokenizer`` names, byte for byte and under
-  its own name (``demo.model``; the ``tokenizer.json`` of a folder), and, when that is not a
-  Hugging Face file already, its ``tokenizer.json`` export (what ``AutoTokenizer`` and
-  ``--tokenizer`` read) when the kind converts.
+  its own name (``demo.model``; the ``tokenizer.json`` of a folder) with, for a Hugging Face
+  file, the ``tokenizer_config.json`` beside it (where its EOD token may be named), and, when
+  it is not a Hugging Face file already, its ``tokenizer.json`` export (what
+  ``AutoTokenizer`` and ``--tokenizer`` read) when the kind converts.
 - Why in each checkpoint rather than a reference to the run folder's copy: a checkpoint is
   what gets copied on its own (to another machine, a model store) and what retention deletes
   or keeps; a relative link out of it would break on the first copy. The files are small
@@ -35,6 +36,8 @@ __all__ = ["EXPORT_NAME", "TOKENIZER_DIR", "copied_tokenizer", "inference_tokeni
 
 TOKENIZER_DIR = "tokenizer"
 EXPORT_NAME = "tokenizer.json"
+# read beside a Hugging Face tokenizer file (its eos_token), never loaded as the tokenizer
+_COMPANION = "tokenizer_config.json"
 
 
 def tokenizer_copy_files(data) -> dict[str, bytes]:
@@ -60,6 +63,9 @@ def _copy_files(spec: str, eod_token: str | None) -> tuple[tuple[str, bytes], ..
     if not path.is_file():
         return ()
     files = {f"{TOKENIZER_DIR}/{path.name}": path.read_bytes()}
+    companion = path.parent / _COMPANION
+    if kind == "huggingface" and companion.is_file():
+        files[f"{TOKENIZER_DIR}/{_COMPANION}"] = companion.read_bytes()
     if kind != "huggingface" and path.name != EXPORT_NAME:
         try:
             export = tokenizer_json(load_tokenizer(target, eod_token))
@@ -72,11 +78,13 @@ def _copy_files(spec: str, eod_token: str | None) -> tuple[tuple[str, bytes], ..
 
 def copied_tokenizer(folder: str | Path) -> Path | None:
     """The tokenizer file a checkpoint (or run folder) holds a copy of: the original's copy,
-    not the export beside it (the export when it is the only file); None without a copy."""
+    not the export or the companion beside it (the export when the original is a
+    ``tokenizer.json``); None without a copy."""
     copy = Path(folder) / TOKENIZER_DIR
     if not copy.is_dir():
         return None
-    files = sorted(path for path in copy.iterdir() if path.is_file())
+    files = sorted(path for path in copy.iterdir()
+                   if path.is_file() and path.name != _COMPANION)
     originals = [path for path in files if path.name != EXPORT_NAME]
     return (originals or files or [None])[0]
 
