@@ -4,8 +4,11 @@ A config is a tree of dataclasses whose every field has a default and a docstrin
 literal under the field, as in PEP 257's attribute docstrings); :func:`field_docs` reads those
 for ``--help``. :func:`load_config` merges, in order: the defaults, a TOML file, and
 ``section.key=value`` overrides, checking every key and value against the declared types. An
-unknown key names the closest valid one; a bad value names the field and the file or flag it
-came from.
+unknown key names the closest valid ones (:func:`key_suggestions`); a bad value names the field
+and the file or flag it came from. An override of one entry of a table field
+(``data.weights.wiki=0.3``) sets that entry and keeps the others. :func:`describe_keys` lists
+every key for ``--doc``; :func:`path_field` marks the fields :func:`resolve_paths` makes
+absolute.
 
 A field's allowed values are declared with it, ``lr: float = ranged(3e-4, gt=0)`` (bounds, or
 ``choices``), and checked for every value merged in (:func:`load_config`,
