@@ -4,8 +4,11 @@ A config is a tree of dataclasses whose every field has a default and a docstrin
 literal under the field, as in PEP 257's attribute docstrings); :func:`field_docs` reads those
 for ``--help``. :func:`load_config` merges, in order: the defaults, a TOML file, and
 ``section.key=value`` overrides, checking every key and value against the declared types. An
-unknown key names the closest valid one; a bad value names the field and the file or flag it
-came from.
+unknown key names the closest valid ones (:func:`key_suggestions`); a bad value names the field
+and the file or flag it came from. An override of one entry of a table field
+(``data.weights.wiki=0.3``) sets that entry and keeps the others. :func:`describe_keys` lists
+every key for ``--doc``; :func:`path_field` marks the fields :func:`resolve_paths` makes
+absolute.
 
 A field's allowed values are declared with it, ``lr: float = ranged(3e-4, gt=0)`` (bounds, or
 ``choices``), and checked for every value merged in (:func:`load_config`,
@@ -18,6 +21,7 @@ holds for each number or string in it.
 from __future__ import annotations
 
 import ast
+import copy
 import dataclasses
 import difflib
 import functools
@@ -25,6 +29,7 @@ import inspect
 import json
 import keyword
 import math
+import os
 import sys
 import textwrap
 import tomllib
@@ -35,12 +40,14 @@ from typing import Any, TypeVar
 
 from bloomline.common.errors import UserError
 
-__all__ = ["Range", "check_ranges", "config_from_dict", "config_to_dict", "field_docs",
-           "field_range", "load_config", "ranged", "to_toml"]
+__all__ = ["Range", "check_ranges", "config_from_dict", "config_to_dict", "describe_keys",
+           "field_docs", "field_range", "key_suggestions", "load_config", "path_field", "ranged",
+           "resolve_paths", "to_toml"]
 
 C = TypeVar("C")
 
 RANGE = "range"  # the dataclasses.field metadata key of a field's Range
+PATH = "path"  # the metadata key of a path field's PathKind
 _INT64 = (-2**63, 2**63 - 1)
 
 
@@ -141,6 +148,44 @@ def ranged(default: Any = dataclasses.MISSING, *, default_factory: Any = datacla
                              metadata={RANGE: rng})
 
 
+@dataclasses.dataclass(frozen=True)
+class PathKind:
+    """What makes a string field's value a path that :func:`resolve_paths` makes absolute:
+    ``names``, values that are words rather than paths (``auto``, ``none``); ``if_exists``,
+    a value that names no existing file or folder is a name, not a path (``tiktoken:NAME``)."""
+
+    names: tuple[str, ...] = ()
+    if_exists: bool = False
+
+
+def path_field(default: str = "", *, names: typing.Iterable[str] = (),
+               if_exists: bool = False) -> Any:
+    """A string field that holds a file or folder (``corpus: str = path_field()``): made
+    absolute by :func:`resolve_paths`, shown as type ``path`` by :func:`describe_keys`."""
+    return dataclasses.field(default=default, metadata={PATH: PathKind(tuple(names),
+                                                                       if_exists)})
+
+
+def resolve_paths(config: Any, base: str | Path | None = None) -> None:
+    """Make every path field of the dataclass tree ``config`` (:func:`path_field`) absolute,
+    relative to ``base`` (default: the working directory), in place. Empty values, the
+    field's ``names`` and, for ``if_exists`` fields, values that name nothing on disk are
+    left as they are. Symbolic links are kept (the path the user gave, made absolute)."""
+    root = Path(base) if base is not None else Path.cwd()
+    for field in dataclasses.fields(config):
+        value = getattr(config, field.name)
+        if dataclasses.is_dataclass(value):
+            resolve_paths(value, root)
+            continue
+        kind = field.metadata.get(PATH)
+        if kind is None or not isinstance(value, str) or not value or value in kind.names:
+            continue
+        path = root / Path(value).expanduser()
+        if kind.if_exists and not path.exists():
+            continue
+        setattr(config, field.name, os.path.normpath(path))
+
+
 def field_range(field: dataclasses.Field) -> Range | None:
     """The Range a field was declared with (None: none declared)."""
     return field.metadata.get(RANGE)
@@ -212,10 +257,56 @@ def _all_keys(cls: type, prefix: str = "") -> list[str]:
     return keys
 
 
-def _unknown(key: str, root: type, where: str) -> UserError:
-    close = difflib.get_close_matches(key, _all_keys(root), n=1, cutoff=0.5)
-    hint = f"; did you mean {close[0]}?" if close else ""
+def _unknown(key: str, value: Any, root: type, where: str) -> UserError:
+    """The error of an unknown key, naming the closest valid ones (``key_suggestions``); a
+    table given under an unknown name is named by its first key (``optim.lr``, not ``optim``),
+    which is what the closest valid key is found for."""
+    while isinstance(value, dict) and value:
+        name, value = next(iter(value.items()))
+        key = f"{key}.{name}"
+    close = key_suggestions(key, root)
+    hint = f"; did you mean {' or '.join(close)}?" if close else ""
     return UserError(f"{where}: unknown config key {key}{hint}")
+
+
+def _words(key: str) -> set[str]:
+    return {word for word in key.replace(".", "_").split("_") if word}
+
+
+def _similarity(a: str, b: str) -> float:
+    return difflib.SequenceMatcher(None, a, b).ratio()
+
+
+def key_suggestions(key: str, root: type, limit: int = 2) -> list[str]:
+    """The valid dotted keys of ``root`` closest to the unknown ``key``, best first (at most
+    ``limit``; none when nothing is close).
+
+    Whole dotted names are compared, not their last part alone: a candidate scores by how
+    close its last part is to the key's (difflib's ratio), how many words (split at ``.`` and
+    ``_``) the two share, and how close their sections are. A root class may list other
+    toolkits' names in ``KEY_SYNONYMS`` (``{"learning_rate": ("lr",)}``): a key whose last part
+    is one scores its targets first, in the section given when it has one, so
+    ``optimizer.learning_rate`` gives ``optimizer.lr`` rather than the similarly spelled
+    ``optimizer.min_lr``."""
+    section, _, leaf = key.rpartition(".")
+    words = _words(key)
+    synonyms = getattr(root, "KEY_SYNONYMS", {}).get(leaf, ())
+    scored = []
+    for candidate in _all_keys(root):
+        c_section, _, c_leaf = candidate.rpartition(".")
+        c_words = _words(candidate)
+        score = (0.5 * _similarity(leaf, c_leaf)
+                 + 0.3 * len(words & c_words) / len(words | c_words)
+                 + 0.2 * (_similarity(section, c_section) if section else 0.0))
+        if c_leaf in synonyms:
+            score += 1.0
+        scored.append((score, candidate))
+    scored.sort(key=lambda item: -item[0])
+    if not scored or scored[0][0] < 0.5:
+        return []
+    best = scored[0][0]
+    # ties (batch_size: the global and the micro batch) are all named, near-misses are not
+    return [candidate for score, candidate in scored[:limit] if score >= best - 0.05]
 
 
 def _coerce(value: Any, hint: Any, key: str, where: str, rng: Range = _ANY) -> Any:
@@ -280,7 +371,7 @@ def _merge(instance: Any, table: dict, root: type, where: str, prefix: str = "")
     for name, value in table.items():
         key = f"{prefix}{name}"
         if name not in hints:
-            raise _unknown(key, root, where)
+            raise _unknown(key, value, root, where)
         hint = hints[name]
         if dataclasses.is_dataclass(hint):
             if not isinstance(value, dict):
@@ -327,6 +418,33 @@ def _parse_override(text: str) -> tuple[list[str], Any]:
     return key.split("."), value
 
 
+def _table_entry(config: Any, parts: list[str], value: Any) -> tuple[list[str], Any]:
+    """An override of one entry of a table field (``data.weights.wiki=0.3``) as the whole
+    table with that entry set: the entries already there (the recipe's, an earlier
+    override's) stay, where merging the entry alone would replace the table with it. Any
+    other override is returned as it is (``data.weights={wiki=0.3}`` replaces the table)."""
+    instance = config
+    for index, part in enumerate(parts[:-1]):
+        hint = _hints(type(instance)).get(part)
+        if hint is None:
+            break  # unknown: the merge names it
+        if dataclasses.is_dataclass(hint):
+            instance = getattr(instance, _attribute(part))
+            continue
+        current = getattr(instance, _attribute(part))
+        if typing.get_origin(hint) is not dict or not isinstance(current, dict):
+            break
+        table = copy.deepcopy(current)
+        cursor = table
+        for name in parts[index + 1:-1]:
+            child = cursor.get(name)
+            cursor[name] = child = child if isinstance(child, dict) else {}
+            cursor = child
+        cursor[parts[-1]] = value
+        return parts[:index + 1], table
+    return parts, value
+
+
 def load_config(cls: type[C], path: str | Path | None = None,
                 overrides: list[str] | None = None) -> C:
     """An instance of the dataclass tree ``cls``: defaults <- TOML file <- overrides.
@@ -348,6 +466,7 @@ def load_config(cls: type[C], path: str | Path | None = None,
         _merge(config, _apply_renames(table, cls, str(path)), cls, str(path))
     for text in overrides or []:
         parts, value = _parse_override(text)
+        parts, value = _table_entry(config, parts, value)
         nested: dict = {}
         cursor = nested
         for part in parts[:-1]:
@@ -420,9 +539,8 @@ def to_toml(config: Any) -> str:
 
 
 @functools.cache
-def field_docs(cls: type) -> dict[str, str]:
-    """``{field: docstring}`` from the string literals written under each field, each ending
-    with the field's declared range (``Allowed: > 0.``)."""
+def _written_docs(cls: type) -> dict[str, str]:
+    """``{field: docstring}`` as written under each field of ``cls`` (and its bases)."""
     docs: dict[str, str] = {}
     for klass in reversed(cls.__mro__):
         if not dataclasses.is_dataclass(klass):
@@ -438,9 +556,56 @@ def field_docs(cls: type) -> dict[str, str]:
                     and isinstance(following.value, ast.Constant)
                     and isinstance(following.value.value, str)):
                 docs[_key(node.target.id)] = " ".join(following.value.value.split())
+    return docs
+
+
+@functools.cache
+def field_docs(cls: type) -> dict[str, str]:
+    """``{field: docstring}`` from the string literals written under each field, each ending
+    with the field's declared range (``Allowed: > 0.``)."""
+    docs = dict(_written_docs(cls))
     if dataclasses.is_dataclass(cls):
         for field in dataclasses.fields(cls):
             rng, key = field_range(field), _key(field.name)
             if rng is not None and key in docs:
                 docs[key] += f" Allowed: {rng.describe()}."
     return docs
+
+
+def _type_name(hint: Any) -> str:
+    """``int``, ``list[int]``, ``dict[str, float]``, ``str | None``: a type as a user reads it."""
+    if isinstance(hint, type) and not typing.get_args(hint):
+        return hint.__name__
+    return str(hint).replace("typing.", "")
+
+
+def describe_keys(cls: type, config: Any = None, prefix: str = "") -> list[dict[str, Any]]:
+    """Every key of the dataclass tree ``cls`` in declaration order, as ``{"key": dotted name,
+    "section", "type", "default" (as TOML writes it; None: unset), "allowed" (the declared
+    range, or ""), "doc" (the docstring written under the field; "" when it has none)}``,
+    plus ``"value"`` (written as the default is) when an instance ``config`` is given: what
+    ``--doc`` prints, made from the tree itself so that it cannot drift from it."""
+    rows: list[dict[str, Any]] = []
+    hints = typing.get_type_hints(cls)
+    docs = _written_docs(cls)
+    defaults = cls()
+    for field in dataclasses.fields(cls):
+        key, hint = _key(field.name), hints[field.name]
+        if dataclasses.is_dataclass(hint):
+            child = getattr(config, field.name) if config is not None else None
+            rows += describe_keys(hint, child, f"{prefix}{key}.")
+            continue
+        rng = field_range(field)
+        row = {"key": f"{prefix}{key}", "section": prefix.rstrip("."),
+               "type": "path" if PATH in field.metadata else _type_name(hint),
+               "default": _shown(getattr(defaults, field.name)),
+               "allowed": rng.describe() if rng is not None else "",
+               "doc": docs.get(key, "")}
+        if config is not None:
+            row["value"] = _shown(getattr(config, field.name))
+        rows.append(row)
+    return rows
+
+
+def _shown(value: Any) -> str | None:
+    return None if value is None else _toml_value(value)

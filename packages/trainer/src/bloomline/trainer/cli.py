@@ -1,4 +1,4 @@
-"""``trainer``: pretrain, generate, export-hf, verify-checkpoint, evaluate.
+"""``trainer``: pretrain, generate, export-hf, verify-checkpoint, evaluate, config.
 
 Each command imports the trainer modules it uses inside its function: they load torch (a few
 seconds), which ``trainer --help``, a mistyped option and the ``--nproc`` launcher's own
@@ -125,18 +125,18 @@ def generate(
     top_k: int = typer.Option(0, help="Sample among the k most likely (0: all)."),
     top_p: float = typer.Option(1.0, help="Sample within this probability mass."),
     tokenizer: str = typer.Option(
-        None, help=f"Tokenizer: {TOKENIZER_SPEC_HELP} (default: data.tokenizer of the "
-        "checkpoint's config)."),
+        None, help=f"Tokenizer: {TOKENIZER_SPEC_HELP} (default: the checkpoint's copy in "
+        "CHECKPOINT/tokenizer/, else data.tokenizer of its config)."),
     seed: int = typer.Option(0, help="Sampling seed."),
 ) -> None:
     """Continue a prompt with a checkpoint (a sanity check of what the model learned)."""
     # torch-heavy: imported by the command that needs it (module docstring)
+    from bloomline.trainer.checkpoint import inference_tokenizer
     from bloomline.trainer.data import load_run_tokenizer
     from bloomline.trainer.generate import continuation_text, generate_ids
 
     cfg, model = _load_for_inference(checkpoint)
-    if tokenizer:
-        cfg.data.tokenizer = tokenizer
+    cfg.data.tokenizer = inference_tokenizer(checkpoint, cfg.data.tokenizer, tokenizer)
     if not cfg.data.tokenizer:
         raise UserError(f"{checkpoint}: its config has no data.tokenizer; pass --tokenizer")
     tok = load_run_tokenizer(cfg.data)
@@ -153,18 +153,18 @@ def export_hf_command(
     out_dir: str = typer.Argument(..., help="Output folder (transformers BLOOM format)."),
     overwrite: bool = typer.Option(False, help="Replace an existing output folder."),
     tokenizer: str = typer.Option(
-        None, help=f"Tokenizer to export with the model: {TOKENIZER_SPEC_HELP} (default: "
-        "data.tokenizer of the checkpoint's config)."),
+        None, help=f"Tokenizer to export with the model: {TOKENIZER_SPEC_HELP} (default: the "
+        "checkpoint's copy in CHECKPOINT/tokenizer/, else data.tokenizer of its config)."),
 ) -> None:
     """Write a checkpoint as a transformers BloomForCausalLM (config.json + safetensors) with
     its tokenizer as files AutoTokenizer loads (tokenizer.json + tokenizer_config.json)."""
     # torch-heavy: imported by the command that needs it (module docstring)
+    from bloomline.trainer.checkpoint import inference_tokenizer
     from bloomline.trainer.data import load_run_tokenizer
     from bloomline.trainer.hf import export_hf
 
     cfg, model = _load_for_inference(checkpoint)
-    if tokenizer:
-        cfg.data.tokenizer = tokenizer
+    cfg.data.tokenizer = inference_tokenizer(checkpoint, cfg.data.tokenizer, tokenizer)
     tok = load_run_tokenizer(cfg.data)
     # SIGTERM, like Ctrl-C, unwinds through the export's cleanup: no partial folder is left
     with StopSignals():
@@ -210,6 +210,9 @@ def evaluate_command(
     samples: int = typer.Option(None, help="Samples of the blend and of each dataset at most "
                                 "(default: the run's train.eval_samples)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of the table."),
+    data: str = typer.Option(None, help="The corpus folder to read instead of the "
+                             "checkpoint's data.corpus (a copy of it elsewhere); its index is "
+                             "built or found in DATA/.index."),
 ) -> None:
     """Loss and perplexity of a checkpoint on a split of its run's data: each dataset's own
     split and the blend, in this process, with the run's precision and micro-batch size."""
@@ -218,13 +221,40 @@ def evaluate_command(
     # torch-heavy: imported by the command that needs it (module docstring)
     from bloomline.trainer.evaluation import evaluate_checkpoint
 
-    result, step = evaluate_checkpoint(checkpoint, split, samples)
+    result, step = evaluate_checkpoint(checkpoint, split, samples, corpus=data)
     if as_json:
         typer.echo(json.dumps({"checkpoint": checkpoint, "step": step, **result.to_json()},
                               indent=1))
         return
     typer.echo(f"{checkpoint} (step {step}), {split} split:")
     typer.echo(result.table())
+
+
+@app.command("config", context_settings={"allow_extra_args": True,
+                                         "ignore_unknown_options": True})
+def config_command(
+    ctx: typer.Context,
+    config: str = typer.Option(None, help="TOML recipe (see configs/); defaults otherwise."),
+    resume: str = typer.Option(None, help="As pretrain's --resume (= checkpoint.resume)."),
+    doc: bool = typer.Option(False, "--doc", help="List every key: type, default, allowed "
+                             "values and what it does (with --config: also its value)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of TOML / text."),
+) -> None:
+    """Print the config `trainer pretrain` would run with the same --config and
+    section.key=value arguments (TOML: renamed keys applied, defaults filled, paths absolute,
+    the model of a checkpoint to resume or checkpoint.init_from adopted), or with --doc every
+    key. A bad key or value fails with pretrain's one-line error."""
+    # torch-heavy: imported by the command that needs it (module docstring)
+    from bloomline.trainer.config import load_trainer_config
+    from bloomline.trainer.config_doc import config_json, config_toml, key_docs
+
+    overrides = list(ctx.args) + ([f"checkpoint.resume={resume}"] if resume is not None else [])
+    given = config is not None or bool(overrides)
+    cfg = load_trainer_config(config, overrides) if given or not doc else None
+    if doc:
+        typer.echo(key_docs(cfg, as_json))
+    else:
+        typer.echo(config_json(cfg) if as_json else config_toml(cfg), nl=False)
 
 
 # the most the interpreter may take to exit once a command is done (joining threads, atexit)

@@ -11,7 +11,13 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bloomline.common.config_loader import check_ranges, load_config, ranged
+from bloomline.common.config_loader import (
+    check_ranges,
+    load_config,
+    path_field,
+    ranged,
+    resolve_paths,
+)
 from bloomline.common.errors import UserError
 from bloomline.dataprep.gpt_samples import parse_split
 from bloomline.trainer.kernels.cpu.linear import CPU_FP32_MATMUL_CHOICES
@@ -26,9 +32,9 @@ __all__ = ["Config", "DataConfig", "TrainConfig", "PrecisionConfig", "OptimizerC
 
 @dataclass
 class DataConfig:
-    corpus: str = ""
+    corpus: str = path_field()
     """Folder of NAME.bin/.idx token files (all used; see dataprep build-index)."""
-    tokenizer: str = ""
+    tokenizer: str = path_field(if_exists=True)
     """The corpus's tokenizer: a SentencePiece .model, a Hugging Face tokenizer.json (or its
     folder), a tiktoken .tiktoken file or tiktoken:NAME. Sizes the vocabulary (model.vocab_size
     0), is checked against the corpus's fingerprints, decodes for generate, goes with export-hf."""
@@ -44,7 +50,7 @@ class DataConfig:
     build-index)."""
     seed: int = ranged(1234, ge=0, le=2**32 - 1)
     """Seed of the sample shuffles (Megatron's --seed; numpy's RandomState takes 32 bits)."""
-    cache_dir: str = ""
+    cache_dir: str = path_field()
     """Index cache; empty: CORPUS/.index."""
     num_workers: int = ranged(2, ge=0)
     """DataLoader worker processes (0: load in the training process)."""
@@ -86,7 +92,7 @@ class TrainConfig:
     max_wallclock: float = ranged(0.0, ge=0)
     """Seconds this process may run: before they are up (keeping room for a step and a
     checkpoint), save and exit with code 75 for the scheduler to requeue. 0: no limit."""
-    run_dir: str = "runs/default"
+    run_dir: str = path_field("runs/default")
     """Folder of the run: checkpoints/, metrics.jsonl, tensorboard/, config.toml."""
     compile: bool = False
     """torch.compile the model."""
@@ -167,10 +173,10 @@ class CheckpointConfig:
     """Save every this many steps (and at the end); 0: only at the end."""
     keep_last: int = ranged(3, ge=0)
     """Complete checkpoints kept; older ones are deleted. 0: keep all."""
-    resume: str = "auto"
+    resume: str = path_field("auto", names=("auto", "none"))
     """auto (newest checkpoint of the run whose manifest verifies, if any), none, or a
     checkpoint folder."""
-    init_from: str = ""
+    init_from: str = path_field()
     """Start a new run from a model: a transformers BLOOM folder or a bloomline checkpoint
     (any layout). Weights only: its model settings replace the recipe's [model], the optimizer
     starts fresh at step 0 and the samples from the start. Ignored once the run folder holds a
@@ -281,6 +287,31 @@ class Config:
     # Keys renamed since a release: recipes and checkpoints that use the old name still load
     # (common.config_loader moves the value and says so). Not a field: no annotation.
     RENAMED_KEYS = {"monitor.thermometer_interval": "monitor.activation_stats_interval"}
+
+    # Other toolkits' names (Megatron-LM, transformers, nanoGPT) of our fields: an unknown key
+    # ending in one gets these suggested ("did you mean optimizer.lr?"), never applied.
+    KEY_SYNONYMS = {
+        "learning_rate": ("lr",), "lr_min": ("min_lr",), "min_learning_rate": ("min_lr",),
+        "batch_size": ("global_batch_size", "micro_batch_size"),
+        "seq_len": ("seq_length",), "max_seq_len": ("seq_length",),
+        "max_seq_length": ("seq_length",), "sequence_length": ("seq_length",),
+        "context_length": ("seq_length",), "block_size": ("seq_length",),
+        "n_layer": ("num_layers",), "num_hidden_layers": ("num_layers",),
+        "n_head": ("num_heads",), "num_attention_heads": ("num_heads",),
+        "n_embd": ("hidden_size",), "d_model": ("hidden_size",),
+        "intermediate_size": ("ffn_hidden_size",), "ffn_dim": ("ffn_hidden_size",),
+        "dropout": ("hidden_dropout", "attention_dropout"),
+        "warmup_steps": ("warmup",), "warmup_samples": ("warmup",),
+        "lr_warmup_samples": ("warmup",), "lr_decay_samples": ("decay",),
+        "lr_decay_style": ("style",), "train_iters": ("train_samples",),
+        "max_steps": ("train_samples",), "eval_iters": ("eval_samples",),
+        "save_interval": ("interval",), "save": ("run_dir",), "output_dir": ("run_dir",),
+        "load": ("resume",), "grad_clip": ("clip_grad",), "max_grad_norm": ("clip_grad",),
+        "adam_beta1": ("beta1",), "adam_beta2": ("beta2",), "adam_eps": ("eps",),
+        "adam_epsilon": ("eps",), "data_path": ("corpus",), "tokenizer_model": ("tokenizer",),
+        "tensor_model_parallel_size": ("tensor_parallel",),
+        "pipeline_model_parallel_size": ("pipeline_parallel",),
+    }
 
 
 _DEVICE = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
@@ -419,11 +450,15 @@ def parallel_sizes(cfg: Config, world_size: int) -> tuple[int, int, int]:
 
 
 def load_trainer_config(path: str | Path | None, overrides: list[str] | None = None) -> Config:
-    """The config of ``path`` with ``overrides``, its model settled (a checkpoint to resume or
-    ``checkpoint.init_from`` replaces the recipe's architecture; a ``model.*`` override that
-    contradicts it is an error) and validated."""
+    """The config of ``path`` with ``overrides``, its paths absolute (``resolve_paths``: relative
+    to the working directory, as the user meant them), its model settled (a checkpoint to
+    resume or ``checkpoint.init_from`` replaces the recipe's architecture; a ``model.*``
+    override that contradicts it is an error) and validated: what ``trainer pretrain`` runs
+    and ``trainer config`` prints."""
     overrides = overrides or []
     cfg = load_config(Config, path, overrides)
+    # relative to where the command runs: the saved config then works from anywhere
+    resolve_paths(cfg)
     model_overrides = [text for text in overrides if _override_key(text).startswith("model.")]
     given = load_config(Config, None, model_overrides).model
     resolve_model_settings(cfg, {key: getattr(given, key.removeprefix("model."))

@@ -13,6 +13,7 @@ import atexit
 import functools
 import importlib
 import os
+import re
 import signal
 import weakref
 from collections.abc import Iterator
@@ -147,12 +148,19 @@ def open_splits(corpus: str, seq_length: int, train_samples: int, valid_samples:
         built = build_sample_datasets(corpus, request, cache_dir=cache_dir or None)
     except UserError as err:
         # dataprep names its own CLI flags; here the same settings are config fields
-        err.args = (str(err).replace("--seq-length", "data.seq_length")
-                    .replace("--split", "data.split"),)
+        err.args = (_trainer_keys(str(err)),)
         raise
     if "train" not in built.splits:
         raise UserError(f"data.split {split!r}: gives the train split no documents")
     return {name: TokenSamples(ds, seq_length) for name, ds in built.splits.items()}
+
+
+def _trainer_keys(message: str) -> str:
+    """A build-index error with dataprep's flags named as the trainer's keys: ``--weight
+    wiki=...:`` and ``--weight wiki:`` become ``data.weights.wiki:``."""
+    message = re.sub(r"--weight (\w[\w.-]*?)(=\.\.\.)?:", r"data.weights.\1:", message)
+    return (message.replace("--weight:", "data.weights:")
+            .replace("--seq-length", "data.seq_length").replace("--split", "data.split"))
 
 
 def make_loader(samples: TokenSamples, sampler: MegatronSampler, num_workers: int,

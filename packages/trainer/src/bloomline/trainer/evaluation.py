@@ -213,14 +213,20 @@ def _mean(values) -> float:
 
 # -- trainer evaluate ------------------------------------------------------------------------
 def evaluate_checkpoint(checkpoint: str | Path, split: str = "valid",
-                        num_samples: int | None = None) -> tuple[SplitEvaluation, int]:
+                        num_samples: int | None = None,
+                        corpus: str | None = None) -> tuple[SplitEvaluation, int]:
     """Evaluate a checkpoint on a split of its run's data in this process (any saved layout:
     the checkpoint reshards into one process), with its config's precision and micro-batch
     size. Returns the evaluation and the checkpoint's step.
 
+    Args:
+        corpus: a corpus folder to read instead of the config's ``data.corpus`` (a copy of
+            it); its index is then kept in ``CORPUS/.index``, not the config's cache folder.
+
     Raises:
-        UserError: an unknown split, a split the index does not have (``data.split`` gives it
-            no share), a bad sample count, or a checkpoint that does not load.
+        UserError: an unknown split, a corpus that is gone (naming its path), a split the
+            index does not have (``data.split`` gives it no share), a bad sample count, or a
+            checkpoint that does not load.
     """
 
     if split not in SPLITS:
@@ -230,6 +236,11 @@ def evaluate_checkpoint(checkpoint: str | Path, split: str = "valid",
     count = cfg.train.eval_samples if num_samples is None else num_samples
     if count < 1:
         raise UserError(f"--samples {count}: must be at least 1")
+    if corpus is not None:
+        cfg.data.corpus, cfg.data.cache_dir = corpus, ""
+    elif cfg.data.corpus and not Path(cfg.data.corpus).exists():
+        raise UserError(f"{checkpoint}: its data.corpus {cfg.data.corpus} no longer exists; "
+                        "pass --data with the corpus folder (a copy of it)")
     # the splits first: a missing one is reported before the weights are read
     splits = open_splits(cfg.data.corpus, cfg.data.seq_length, cfg.train.train_samples,
                          None, cfg.data.split, cfg.data.seed, cfg.data.weights,

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from bloomline.common.errors import UserError
-from bloomline.trainer.checkpoint import RunCheckpoints
+from bloomline.trainer.checkpoint import RunCheckpoints, tokenizer_copy_files
 from bloomline.trainer.config import Config, validate
 from bloomline.trainer.curriculum import (
     global_batch_size,
@@ -54,7 +54,7 @@ from bloomline.trainer.step import clip_grad_norm, finish_step, max_norm, set_le
 from bloomline.trainer.survival import faults
 from bloomline.trainer.survival.preemption import PREEMPTED_EXIT_CODE
 from bloomline.trainer.survival.rollback import roll_back, skips_in_force
-from bloomline.trainer.survival.run_folder import check_start_point
+from bloomline.trainer.survival.run_folder import check_start_point, write_run_tokenizer
 from bloomline.trainer.survival.run_guard import RunGuard
 from bloomline.trainer.survival.sample_skips import SkipRanges
 
@@ -252,6 +252,8 @@ class Trainer:
                             f"train.train_samples {cfg.train.train_samples}")
         resumed = self.resume()
         check_start_point(self.run_dir, cfg.checkpoint.resume, resumed, self.state["step"])
+        if self.is_main:  # the run folder usable without the original tokenizer file
+            write_run_tokenizer(self.run_dir, tokenizer_copy_files(cfg.data))
         self.skips = skips_in_force(cfg.train.skip_samples, self.state, self.run_dir)
         self.state["skip_samples"] = self.skips.to_list()
         initialized = (self.model_source.path

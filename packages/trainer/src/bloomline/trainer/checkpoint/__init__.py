@@ -9,6 +9,8 @@ Modules, in the order a save touches them:
 - ``manifest.py``: ``manifest.json`` (sizes and sha256) and ``verify_checkpoint``;
 - ``metadata.py``: every pickle read from a checkpoint, through a restricted unpickler;
 - ``failure.py``: a save that fails removes its partial folder and says why in one line;
+- ``tokenizer_copy.py``: the run's tokenizer files kept in the run folder and each checkpoint,
+  and which tokenizer a loaded checkpoint uses;
 - ``run_checkpoints.py``: ``RunCheckpoints``, the trainer's side (resume choice, what a load
   re-applies, saves and waits).
 
@@ -34,8 +36,14 @@ from bloomline.trainer.checkpoint.save import (
     save_checkpoint,
     saved_state_dict,
 )
+from bloomline.trainer.checkpoint.tokenizer_copy import (
+    copied_tokenizer,
+    inference_tokenizer,
+    tokenizer_copy_files,
+)
 
 __all__ = ["AsyncCheckpointer", "CONFIG_FILE", "MANIFEST", "Loaded", "RunCheckpoints",
-           "changed_settings", "check_compatible", "describe_checkpoint", "latest_checkpoint",
-           "list_checkpoints", "load_checkpoint", "load_config_of", "save_checkpoint",
-           "saved_state_dict", "verify_checkpoint", "write_manifest"]
+           "changed_settings", "check_compatible", "copied_tokenizer", "describe_checkpoint",
+           "inference_tokenizer", "latest_checkpoint", "list_checkpoints", "load_checkpoint",
+           "load_config_of", "save_checkpoint", "saved_state_dict", "tokenizer_copy_files",
+           "verify_checkpoint", "write_manifest"]

@@ -8,6 +8,7 @@
 - ``rng.json``: the python, numpy, torch (and CUDA) generator states, as plain JSON (no
   pickle: loading a checkpoint must not run code from it);
 - ``config.toml``: the resolved config the run was started with;
+- ``tokenizer/``: the run's tokenizer files (``tokenizer_copy.py``), when it has a tokenizer;
 - ``manifest.json``, written last: every other file's size and sha256
   (``manifest.py``).
 
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import copy
 import json
 import os
 import random
@@ -40,7 +42,7 @@ import numpy as np
 import torch
 import torch.distributed.checkpoint as dcp
 
-from bloomline.common.config_loader import config_from_dict, to_toml
+from bloomline.common.config_loader import config_from_dict, resolve_paths, to_toml
 from bloomline.common.errors import UserError
 from bloomline.trainer.checkpoint.failure import failed_save
 from bloomline.trainer.checkpoint.layout import (
@@ -57,6 +59,7 @@ from bloomline.trainer.checkpoint.manifest import (
     write_manifest,
 )
 from bloomline.trainer.checkpoint.metadata import dcp_load
+from bloomline.trainer.checkpoint.tokenizer_copy import tokenizer_copy_files
 from bloomline.trainer.survival import faults
 
 __all__ = ["latest_checkpoint", "list_checkpoints", "load_checkpoint", "save_checkpoint",
@@ -162,12 +165,14 @@ def _zero_step_counters(state: dict) -> None:
 
 def begin_save(run_dir: str | Path, step: int, trainer_state: dict, config, keep_last: int,
                is_writer: bool) -> PendingSave:
-    """Snapshot the trainer state, RNG states and config, and give the writer an empty
-    partial folder (stale ones of killed saves are removed: no save is in flight now)."""
+    """Snapshot the trainer state, RNG states, config and (the writer) the run's tokenizer
+    files (``tokenizer_copy.py``), and give the writer an empty partial folder (stale ones of
+    killed saves are removed: no save is in flight now)."""
     pending = PendingSave(Path(run_dir) / "checkpoints", step, keep_last, is_writer, files={
         STATE_FILE: json.dumps(trainer_state, indent=1).encode(),
         RNG_FILE: json.dumps(rng_state()).encode(),
-        CONFIG_FILE: to_toml(config).encode()})
+        CONFIG_FILE: to_toml(config).encode(),
+        **(tokenizer_copy_files(config.data) if is_writer else {})})
     if is_writer:
         if pending.root.is_dir():
             for stale in pending.root.iterdir():
@@ -193,6 +198,7 @@ def finish_save(pending: PendingSave, group=None) -> Path:
     thread uses the default group meanwhile)."""
     if pending.is_writer:
         for name, data in pending.files.items():
+            (pending.partial / name).parent.mkdir(exist_ok=True)  # tokenizer/NAME
             _write_synced(pending.partial / name, data)
     faults.fire("save", step=pending.step)
     write_manifest(pending.partial, pending.step, pending.is_writer, group)
@@ -299,7 +305,12 @@ _NOT_COMPARED = {"train.run_dir", "checkpoint.resume", "checkpoint.init_from",
 def changed_settings(saved, current) -> list[str]:
     """``section.key old -> new`` for every setting of ``current`` that differs from the
     config a checkpoint was written with (``check_compatible`` refuses the ones a resume
-    cannot change; the rest take this run's value)."""
+    cannot change; the rest take this run's value). A relative path in a checkpoint written
+    before paths were saved absolute is read from the working directory: not a change when
+    it names the same place."""
+    saved = copy.deepcopy(saved)
+    resolve_paths(saved)
+
     def leaves(tree: dict, prefix: str = "") -> dict:
         flat = {}
         for key, value in tree.items():

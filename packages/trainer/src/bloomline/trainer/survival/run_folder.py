@@ -22,6 +22,10 @@ start over a folder of checkpoints it did not resume from is refused:
 those steps again, and its save of a damaged one's step replaces it.)
 
 The way out is explicit: a fresh ``train.run_dir`` (or the checkpoints moved away by hand).
+
+Usable from anywhere: ``write_run_tokenizer`` keeps the run's tokenizer files in
+``RUN/tokenizer/`` (``checkpoint/tokenizer_copy.py``), and the config saved in the folder holds
+absolute paths (``config.load_trainer_config``).
 """
 
 from __future__ import annotations
@@ -35,10 +39,13 @@ import sys
 import time
 from pathlib import Path
 
+from bloomline.common.atomic import atomic_write_bytes
 from bloomline.common.errors import UserError
 from bloomline.trainer.checkpoint.layout import list_checkpoints
+from bloomline.trainer.checkpoint.tokenizer_copy import TOKENIZER_DIR
 
-__all__ = ["LOCK_FILE", "RunLock", "check_start_point", "close_inherited_locks"]
+__all__ = ["LOCK_FILE", "RunLock", "check_start_point", "close_inherited_locks",
+           "write_run_tokenizer"]
 
 LOCK_FILE = ".lock"
 # descriptors of the locks this process holds: a forked child (a loader worker) closes its
@@ -197,3 +204,18 @@ def check_start_point(run_dir: str | Path, setting: str, resumed: Path | None,
     raise UserError(f"checkpoint.resume {setting}: {run_dir} holds checkpoints ({names}), "
                     f"which a new run would replace and prune; continue them with --resume "
                     f"auto, or {fresh}")
+
+
+def write_run_tokenizer(run_dir: str | Path, files: dict[str, bytes]) -> None:
+    """``RUN/tokenizer/`` holding exactly ``files`` (``tokenizer_copy_files``: names under
+    ``tokenizer/``), each written atomically; files of an earlier tokenizer of the folder are
+    removed, so that the copy never mixes two tokenizers. Rank 0, once the run holds the
+    folder's lock."""
+    folder = Path(run_dir) / TOKENIZER_DIR
+    wanted = {Path(name).name for name in files}
+    if folder.is_dir():
+        for old in folder.iterdir():
+            if old.is_file() and old.name not in wanted:
+                old.unlink()
+    for name, data in files.items():
+        atomic_write_bytes(Path(run_dir) / name, data)
