@@ -10,7 +10,6 @@ in ``monitor.py``, batches in ``data.py``, rollbacks and bad steps in ``survival
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import torch
@@ -51,6 +50,7 @@ from bloomline.trainer.parallel import (
 from bloomline.trainer.parallel.data_parallel import shard_optimizer_state
 from bloomline.trainer.parallel.pipeline import build_pipeline
 from bloomline.trainer.precision import Precision, resolve_dtype
+from bloomline.trainer.run_clock import now
 from bloomline.trainer.step import clip_grad_norm, finish_step, max_norm, set_learning_rate
 from bloomline.trainer.survival import faults
 from bloomline.trainer.survival.preemption import PREEMPTED_EXIT_CODE
@@ -90,7 +90,7 @@ class Trainer:
     _batches: StepBatches | None = None  # the run's micro-batches (its loader workers)
 
     def __init__(self, cfg: Config, log=print) -> None:
-        started = time.perf_counter()  # the run's elapsed time counts the build too
+        started = now()  # the run's elapsed time counts the build too
         rank, local_rank, world_size = world_info()
         # the model's shape: the recipe's, the checkpoint's it resumes or the model it starts from
         self.model_source = resolve_model_settings(cfg, log=log if rank == 0 else None)

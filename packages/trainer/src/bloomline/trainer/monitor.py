@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import copy
 import json
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,7 +31,7 @@ from bloomline.trainer.mfu import (
     resolve_peak,
 )
 from bloomline.trainer.parallel.memory import memory_record
-from bloomline.trainer.run_clock import RunClock, format_hms
+from bloomline.trainer.run_clock import RunClock, format_hms, now
 from bloomline.trainer.run_summary import RunEnd, run_summary, summary_lines, write_summary
 
 __all__ = ["Profiler", "RunMonitor", "Window", "console_line", "source_loss_record",
@@ -88,7 +87,7 @@ def source_loss_record(totals, names: list[str], prefix: str = "train") -> dict[
 class Window:
     """The steps since the last log step: their throughput is the record's."""
 
-    start: float = field(default_factory=time.perf_counter)
+    start: float = field(default_factory=now)
     tokens: int = 0
     samples: int = 0
     steps: int = 0
@@ -143,8 +142,8 @@ class RunMonitor:
         model, optimizer: For the record's memory of model states.
         is_main: Rank 0: writes files and logs.
         log: Where console lines go.
-        started: When the run began (``time.perf_counter()``: the trainer's start, before
-            the model was built); the elapsed time counts from it.
+        started: When the run began (a ``run_clock.now()`` reading: the trainer's start,
+            before the model was built); the elapsed time counts from it.
     """
 
     def __init__(self, cfg, layout, device: torch.device, precision, model, optimizer,
@@ -269,7 +268,7 @@ class RunMonitor:
             torch.cuda.synchronize(self.device)
         window = self.window if self.window.steps or self._first_step is None \
             else self._first_step
-        seconds = max(time.perf_counter() - window.start, 1e-9)
+        seconds = max(now() - window.start, 1e-9)
         tokens_per_s = window.tokens / seconds
         flops = self.cfg.model.flops_per_token(length) * tokens_per_s
         return {"kind": "train", "step": state["step"], "loss": result["loss"], "lr": lr,
