@@ -158,7 +158,8 @@ def _draw(figure, series: dict, run_dir: Path) -> None:
     speed.plot(*series["tokens_per_s"], label="tokens/s")
     speed.set(ylabel="tokens/s", title="throughput and MFU", xlabel="step")
     mfu = speed.twinx()
-    mfu.plot(*series["mfu_percent"], color="tab:orange", label="MFU %")
+    # dashed: with one peak the two curves are proportional and would hide each other
+    mfu.plot(*series["mfu_percent"], color="tab:orange", linestyle="--", label="MFU %")
     mfu.set(ylabel="MFU (%)")
     speed.legend(handles=speed.get_lines() + mfu.get_lines(), fontsize="small",
                  loc="lower right")
