@@ -14,16 +14,25 @@ from pathlib import Path
 
 import pytest
 import torch
-from trainer_fixtures import FakeMeasure, resolve_peak_twice, tiny_config, write_corpus
+from trainer_fixtures import (
+    FakeMeasure,
+    fake_conditions,
+    resolve_peak_twice,
+    tiny_config,
+    write_corpus,
+)
 
 import bloomline.trainer.monitor as monitor
 from bloomline.trainer import mfu as peak
+from bloomline.trainer.cpu_load import CpuLoad, CpuLoadMeter, parse_proc_stat
 from bloomline.trainer.loop import Trainer
 from bloomline.trainer.mfu import (
     CACHE_FILE,
     MfuGuard,
     Peak,
     PeakCache,
+    conditions,
+    describe_conditions,
     machine_key,
     resolve_peak,
 )
@@ -139,6 +148,105 @@ def test_ranks_measure_together_and_agree(tmp_path):
     assert "mean of 2 ranks" in PeakCache(tmp_path).get(key)["how"]
 
 
+# -- the load a figure was measured under ------------------------------------------------------
+def _cache_entry(run_dir: Path, flops: float, recorded: dict | None) -> str:
+    key = machine_key(CPU, torch.float32)
+    PeakCache(run_dir).put(key, flops, "an earlier run's measurement", recorded)
+    return key
+
+
+def test_peak_cached_under_load_is_measured_again_and_replaced(tmp_path):
+    """Bug: a peak measured while other processes held the cores, cached and reused by every
+    later run (MFU read 96% on a machine the run shared): a figure cached under load is
+    measured again at the next start; a higher one replaces it with the new (idle)
+    conditions, and from then on the cache is used as is."""
+    key = _cache_entry(tmp_path, 1e11, fake_conditions(1.8))
+    measure = FakeMeasure(4e11)
+    peak = resolve_peak(0.0, CPU, torch.float32, tmp_path, measure, is_writer=True)
+    assert (peak.source, peak.flops, measure.calls) == ("measured", 4e11, 1)
+    assert "the cached 100.0 GFLOP/s of" in peak.detail and "was under load" in peak.detail
+    assert "other processes: 1.80 of 2 cores" in peak.detail and "higher, used" in peak.detail
+    entry = PeakCache(tmp_path).get(key)
+    assert entry["peak_flops"] == 4e11 and entry["conditions"]["under_load"] is False
+    again = resolve_peak(0.0, CPU, torch.float32, tmp_path, measure, is_writer=True)
+    assert (again.source, again.flops, measure.calls) == ("cached", 4e11, 1)
+
+
+def test_lower_new_measurement_keeps_the_cached_figure(tmp_path):
+    """Bug: a busy machine's second measurement replacing a better cached figure, or a figure
+    confirmed idle measured again at every start: the higher figure is kept; under load it
+    stays marked so and is measured again next time; an idle look settles it."""
+    key = _cache_entry(tmp_path, 4e11, fake_conditions(1.5))
+    measure = FakeMeasure(2e11, 3e11, loads=(1.2, 0.0))
+    busy = resolve_peak(0.0, CPU, torch.float32, tmp_path, measure, is_writer=True)
+    assert (busy.source, busy.flops) == ("cached", 4e11)
+    assert "measured again 200.0 GFLOP/s, under load" in busy.detail and "lower, kept" in \
+        busy.detail
+    assert PeakCache(tmp_path).get(key)["conditions"]["under_load"] is True
+    idle = resolve_peak(0.0, CPU, torch.float32, tmp_path, measure, is_writer=True)
+    assert (idle.source, idle.flops, measure.calls) == ("cached", 4e11, 2)
+    entry = PeakCache(tmp_path).get(key)
+    assert entry["peak_flops"] == 4e11 and entry["conditions"]["under_load"] is False
+    settled = resolve_peak(0.0, CPU, torch.float32, tmp_path, measure, is_writer=True)
+    assert (settled.source, measure.calls) == ("cached", 2)
+
+
+def test_cache_without_recorded_conditions_is_measured_again(tmp_path):
+    """Bug: a cache written before conditions were recorded (the one behind the 96% MFU)
+    trusted forever: unknown conditions count as under load."""
+    _cache_entry(tmp_path, 1e11, None)
+    measure = FakeMeasure(3e11)
+    peak = resolve_peak(0.0, CPU, torch.float32, tmp_path, measure, is_writer=True)
+    assert (peak.source, peak.flops, measure.calls) == ("measured", 3e11, 1)
+    assert "conditions not recorded" in peak.detail
+
+
+def test_conditions_verdict_and_the_start_line_wording():
+    """Bug: a measurement whose best try was never confirmed, or taken while other processes
+    used a core, counted as idle; or a start line that does not say where its peak came
+    from (measured now, cached from a date, given in config)."""
+    load = CpuLoad(other_cores=0.02, own_cores=1.9, cores=2, host="h")
+    assert conditions(load, stable=True)["under_load"] is False
+    assert conditions(load, stable=False)["under_load"] is True
+    assert conditions(CpuLoad(0.6, 1.0, 2, "h"), stable=True)["under_load"] is True
+    assert conditions(None, stable=True)["under_load"] is False  # a GPU: stability only
+    assert describe_conditions(conditions(load, True)) == (
+        "idle (other processes: 0.02 of 2 cores; repeats agree)")
+    assert Peak(2e11, "config", "monitor.peak_flops").describe() == (
+        "200.0 GFLOP/s, given in config (monitor.peak_flops)")
+    assert Peak(2e11, "measured", "best of 9").describe() == (
+        "200.0 GFLOP/s, measured now (best of 9)")
+    assert Peak(2e11, "cached", "x", "2026-01-02T03:04:05+00:00").describe() == (
+        "200.0 GFLOP/s, cached from 2026-01-02 03:04:05+00:00 (x)")
+
+
+def test_ranks_on_one_host_are_not_each_others_load():
+    """Bug: CPU ranks measuring together (by design) counting each other as other processes,
+    so that every multi-rank measurement reads "under load" and is repeated at each start;
+    a rank on another host is not subtracted, an unstable rank makes the job unstable."""
+    ranks = [{"other_cpu_cores": 1.05, "own_cpu_cores": 1.0, "host": "a", "stable": True},
+             {"other_cpu_cores": 1.0, "own_cpu_cores": 0.95, "host": "a", "stable": True},
+             {"other_cpu_cores": 0.0, "own_cpu_cores": 2.0, "host": "b", "stable": True}]
+    job = peak._job_conditions(ranks)
+    assert job["other_cpu_cores"] == pytest.approx(0.1) and job["under_load"] is False
+    ranks[2]["stable"] = False
+    assert peak._job_conditions(ranks)["under_load"] is True
+    assert peak._job_conditions([ranks[0], None]) is None
+
+
+def test_proc_stat_busy_time_and_the_meter():
+    """Bug: idle or iowait counted as busy (every host "under load"), or steal time (a VM's
+    neighbours) left out; the meter reporting a negative or missing share on Linux."""
+    text = "cpu  100 20 50 9000 300 5 5 40 7 0\ncpu0 1 2 3 4 5 6 7 8 9 10\n"
+    assert parse_proc_stat(text) == pytest.approx(220 / os.sysconf("SC_CLK_TCK"))
+    assert parse_proc_stat("intr 1 2 3") is None
+    with CpuLoadMeter() as meter:
+        torch.matmul(torch.ones(64, 64), torch.ones(64, 64))
+    assert meter.load.cores >= 1 and meter.load.own_cores >= 0
+    if Path("/proc/stat").is_file():
+        assert meter.load.other_cores is not None and meter.load.other_cores >= 0
+
+
 # -- the guard --------------------------------------------------------------------------------
 def test_guard_measures_again_then_flags(tmp_path):
     """Bug: an achieved rate above the peak logged as MFU > 100% without a word: the guard
@@ -173,8 +281,9 @@ def test_run_records_the_peak_and_reuses_it_on_resume(corpus, tmp_path, monkeypa
     cfg.train.exit_interval = 0
     Trainer(cfg, log=lines.append).run()
     firsts = [line for line in lines if line.startswith("model:")]
-    assert "matmul peak 500.0 GFLOP/s (measured: fake measurement 1)" in firsts[0]
-    assert "matmul peak 500.0 GFLOP/s (cached: peak_flops.json" in firsts[1]
+    assert "matmul peak 500.0 GFLOP/s, measured now (fake measurement 1; idle" in firsts[0]
+    assert re.search(r"matmul peak 500.0 GFLOP/s, cached from \d{4}-\d\d-\d\d \d\d:\d\d"
+                     r".* \(peak_flops.json: fake measurement 1; idle", firsts[1]), firsts[1]
     assert measure.calls == 1
     assert "peak_flops = 500000000000.0" in (tmp_path / "run" / "config.toml").read_text()
     info = json.loads((tmp_path / "run" / "run_info.json").read_text())
@@ -183,8 +292,11 @@ def test_run_records_the_peak_and_reuses_it_on_resume(corpus, tmp_path, monkeypa
 
 
 def _write_cached_peak(run_dir: Path, flops: float) -> None:
+    """A cached figure too low for the run although its conditions read idle (a load that
+    the measurement did not see): only the guard can catch it."""
     run_dir.mkdir(parents=True)
-    PeakCache(run_dir).put(machine_key(CPU, torch.float32), flops, "measured under load")
+    PeakCache(run_dir).put(machine_key(CPU, torch.float32), flops, "measured under load",
+                           fake_conditions(0.0))
 
 
 def test_low_cached_peak_is_measured_again_not_logged_above_100(corpus, tmp_path,

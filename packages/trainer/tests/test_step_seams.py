@@ -68,14 +68,19 @@ def test_dp_helpers_are_the_value_itself_without_data_parallelism():
 
 def test_console_line_keeps_its_format():
     """Catches: a change to the console line that log readers and the README's examples
-    rely on (field order, decimals, the optional parts)."""
+    rely on (field order, decimals, the optional parts, elapsed and ETA in h:mm:ss, an
+    unknown ETA)."""
     record = {"step": 5, "loss": 7.123456, "lr": 2.666e-4, "grad_norm": 1.5234,
               "tokens_per_s": 1234.5, "mfu": 0.1331, "seq_length": 256,
               "global_batch_size": 16, "memory_gb": 0.678, "loss_scale": None,
-              "skipped_steps": 2, "train_loss/en": 7.0, "train_loss/code": 7.25}
+              "skipped_steps": 2, "train_loss/en": 7.0, "train_loss/code": 7.25,
+              "elapsed_s": 62.4, "eta_s": 3725.0}
     assert console_line(record, 60) == (
         "step 5/60 | loss 7.1235 | lr 2.67e-04 | gnorm 1.523 | 1,234 tok/s | mfu 13.3% | "
-        "seq 256 | gbs 16 | mem 0.68 GB | skipped 2 | en 7.00 · code 7.25")
+        "seq 256 | gbs 16 | mem 0.68 GB | elapsed 0:01:02 | ETA 1:02:05 | skipped 2 | "
+        "en 7.00 · code 7.25")
+    record["eta_s"] = None
+    assert "| elapsed 0:01:02 | ETA ? |" in console_line(record, 60)
 
 
 def _step_batches(monkeypatch, faults: str | None) -> StepBatches:

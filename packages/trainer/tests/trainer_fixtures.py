@@ -67,20 +67,34 @@ def grad_fn_names(t: torch.Tensor) -> set[str]:
     return {type(fn).__name__ for fn in seen}
 
 
+def fake_conditions(other_cores: float, stable: bool = True) -> dict:
+    """Measurement conditions as ``mfu.conditions`` records them, with an injected load:
+    ``other_cores`` of 2 cores busy with other processes."""
+    from bloomline.trainer.mfu import under_load
+
+    recorded = {"other_cpu_cores": other_cores, "own_cpu_cores": 1.0, "cores": 2,
+                "host": "fake-host", "stable": stable, "loadavg_1m": None}
+    recorded["under_load"] = under_load(recorded)
+    return recorded
+
+
 class FakeMeasure:
     """A stand-in for ``peak.measure_peak_flops`` that returns ``values`` in turn (the last one
-    from then on) and counts its calls."""
+    from then on) and counts its calls. ``loads``: the other processes' cores during each
+    call (the last one from then on); idle by default."""
 
-    def __init__(self, *values: float) -> None:
+    def __init__(self, *values: float, loads: tuple[float, ...] = (0.0,)) -> None:
         self.values = list(values)
+        self.loads = list(loads)
         self.calls = 0
 
     def __call__(self, device=None, dtype=None):
         from bloomline.trainer.mfu import PeakMeasurement
 
         value = self.values[min(self.calls, len(self.values) - 1)]
+        load = self.loads[min(self.calls, len(self.loads) - 1)]
         self.calls += 1
-        return PeakMeasurement(value, f"fake measurement {self.calls}")
+        return PeakMeasurement(value, f"fake measurement {self.calls}", fake_conditions(load))
 
 
 def resolve_peak_twice(run_dir: str) -> list:

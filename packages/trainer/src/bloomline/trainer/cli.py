@@ -1,4 +1,4 @@
-"""``trainer``: pretrain, generate, export-hf, verify-checkpoint, evaluate, config.
+"""``trainer``: pretrain, generate, export-hf, verify-checkpoint, evaluate, config, plot.
 
 Each command imports the trainer modules it uses inside its function: they load torch (a few
 seconds), which ``trainer --help``, a mistyped option and the ``--nproc`` launcher's own
@@ -255,6 +255,29 @@ def config_command(
         typer.echo(key_docs(cfg, as_json))
     else:
         typer.echo(config_json(cfg) if as_json else config_toml(cfg), nl=False)
+@app.command("plot")
+def plot_command(
+    run_dir: str = typer.Argument(..., help="A run folder (train.run_dir)."),
+    output: str = typer.Option(None, help="Output .png file (default: RUN/plot.png, redrawn "
+                               "each time)."),
+    overwrite: bool = typer.Option(False, help="Replace an existing --output PNG."),
+) -> None:
+    """PNG of a run's curves from its metrics.jsonl: loss (train, valid, per dataset),
+    learning rate, gradient norm, throughput and MFU, with rollbacks and skipped steps marked.
+    Needs the plot extra: pip install 'bloomline-trainer[plot]'."""
+    # matplotlib (the plot extra) and the records reader: only this command needs them
+    from bloomline.trainer.run_plot import plot_run
+
+    result = plot_run(run_dir, output, overwrite)
+    marks = [f"{len(result[key])} {key}" for key in ("rollbacks", "spikes", "skipped")
+             if result[key]]
+    typer.echo(f"wrote {result['out']}: {result['train_records']} train records (steps "
+               f"{result['first_step']}-{result['last_step']}), {result['valid_records']} "
+               f"valid" + (f", {', '.join(marks)}" if marks else ""))
+    if result["bad_lines"]:
+        typer.echo(f"note: skipped {len(result['bad_lines'])} lines of metrics.jsonl that did "
+                   f"not parse (line {result['bad_lines'][0]} first: a record cut short by a "
+                   "killed process)", err=True)
 
 
 # the most the interpreter may take to exit once a command is done (joining threads, atexit)

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from bloomline.common.errors import UserError
-from bloomline.trainer.checkpoint import RunCheckpoints, tokenizer_copy_files
+from bloomline.trainer.checkpoint import RunCheckpoints, list_checkpoints, tokenizer_copy_files
 from bloomline.trainer.config import Config, validate
 from bloomline.trainer.curriculum import (
     global_batch_size,
@@ -50,6 +50,7 @@ from bloomline.trainer.parallel import (
 from bloomline.trainer.parallel.data_parallel import shard_optimizer_state
 from bloomline.trainer.parallel.pipeline import build_pipeline
 from bloomline.trainer.precision import Precision, resolve_dtype
+from bloomline.trainer.run_clock import now
 from bloomline.trainer.step import clip_grad_norm, finish_step, max_norm, set_learning_rate
 from bloomline.trainer.survival import faults
 from bloomline.trainer.survival.preemption import PREEMPTED_EXIT_CODE
@@ -90,6 +91,7 @@ class Trainer:
     _batches: StepBatches | None = None  # the run's micro-batches (its loader workers)
 
     def __init__(self, cfg: Config, log=print) -> None:
+        started = now()  # the run's elapsed time counts the build too
         rank, local_rank, world_size = world_info()
         # the model's shape: the recipe's, the checkpoint's it resumes or the model it starts from
         self.model_source = resolve_model_settings(cfg, log=log if rank == 0 else None)
@@ -135,7 +137,7 @@ class Trainer:
         self.state = {"step": 0, "consumed_samples": 0, "consumed_tokens": 0,
                       "skipped_steps": 0, "bad_in_row": 0, "loss_scale": {}}
         self.monitor = RunMonitor(cfg, self.layout, self.device, self.precision, self.model,
-                                  self.optimizer, self.is_main, self.log)
+                                  self.optimizer, self.is_main, self.log, started=started)
         self.guard = RunGuard(cfg, self.run_dir, rank)
         self.skips = SkipRanges(cfg.train.skip_samples)
         # before any checkpoint is loaded: it records the config's optimizer hyper-parameters
@@ -271,6 +273,7 @@ class Trainer:
             self._train(train, splits)
             if not self.state.get("stopped"):
                 self._finish_run(splits)
+            self._summarize("valid" in splits)
         finally:
             self.monitor.close()
         return self.state
@@ -292,7 +295,7 @@ class Trainer:
         steps_total = self.total_steps()
         batches = self._open_batches(train)
         blend = blend_of(train)
-        monitor.restart_window()
+        monitor.steps_begin()
         steps_here = 0
         while self.state["step"] < steps_total and not (
                 cfg.train.exit_interval and steps_here >= cfg.train.exit_interval):
@@ -326,7 +329,7 @@ class Trainer:
             state["consumed_samples"] = self.skips.advance(state["consumed_samples"], size)
             state["consumed_tokens"] += size * length
             guard.count_bad(state, result, step, self.precision.scaler is not None, self.log)
-            monitor.step_done(size, length)
+            monitor.step_done(step, size, length, result["loss"])
             if log_step:
                 monitor.log_step(result, lr, size, length, state, steps_total,
                                  blend.names if blend else None)
@@ -348,6 +351,17 @@ class Trainer:
         if not cfg.checkpoint.interval or step % cfg.checkpoint.interval:
             self.log(f"checkpoint: {self.save()}")
         self.finish_saves()
+
+    def _summarize(self, has_valid: bool) -> None:
+        """The end-of-run summary (``monitor.summarize``): the run completed, stopped to be
+        continued (a signal, ``train.max_wallclock``), or ended its ``train.exit_interval``."""
+        total, step = self.total_steps(), self.state["step"]
+        reason = self.state.get("stopped") or (
+            "" if step >= total else
+            f"train.exit_interval = {self.cfg.train.exit_interval} steps in this process")
+        checkpoints = list_checkpoints(self.run_dir) if self.is_main else []
+        self.monitor.summarize(self.state, total, reason,
+                               checkpoints[-1] if checkpoints else None, has_valid)
 
     def _stop_for(self, reason: str) -> None:
         """Save (unless this step's checkpoint was just written) and mark the run stopped."""

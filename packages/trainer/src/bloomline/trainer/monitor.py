@@ -1,6 +1,7 @@
 """What a run reports, in one place: the per-step record, its MFU (checked by ``mfu.py``'s
-guard), the run files (``RUN/run_info.json``, ``RUN/config.toml``), the profiler window and
-the console lines. Records go to ``metrics.py``'s sink (metrics.jsonl and TensorBoard).
+guard), the run files (``RUN/run_info.json``, ``RUN/config.toml``, ``RUN/summary.json``), the
+profiler window and the console lines, with the elapsed time and ETA (``run_clock.py``).
+Records go to ``metrics.py``'s sink (metrics.jsonl and TensorBoard).
 
 Adding a metric touches this file only: put it in ``RunMonitor.train_record`` (the sink
 mirrors every number to TensorBoard) and, to see it on the console, in ``console_line``.
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import copy
 import json
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,13 +31,17 @@ from bloomline.trainer.mfu import (
     resolve_peak,
 )
 from bloomline.trainer.parallel.memory import memory_record
+from bloomline.trainer.run_clock import RunClock, format_hms, now
+from bloomline.trainer.run_summary import RunEnd, run_summary, summary_lines, write_summary
 
 __all__ = ["Profiler", "RunMonitor", "Window", "console_line", "source_loss_record",
            "valid_console_line"]
 
 
 def console_line(record: dict, total_steps: int | None) -> str:
-    """The console line of a train record: ``step 5/60 | loss 7.1234 | lr ... | gbs 16 | ...``."""
+    """The console line of a train record: ``step 5/60 | loss 7.1234 | lr ... | gbs 16 |
+    mem 0.68 GB | elapsed 0:01:02 | ETA 0:11:40 | ...`` (elapsed and ETA in h:mm:ss, when the
+    record has them)."""
     step = f"step {record['step']}" + (f"/{total_steps}" if total_steps else "")
     parts = [step, f"loss {record['loss']:.4f}", f"lr {record['lr']:.2e}",
              f"gnorm {record['grad_norm']:.3f}", f"{record['tokens_per_s']:,.0f} tok/s",
@@ -45,6 +49,9 @@ def console_line(record: dict, total_steps: int | None) -> str:
              + (" (measurement error: see mfu_flag)" if record.get("mfu_flag") else ""),
              f"seq {record['seq_length']}",
              f"gbs {record['global_batch_size']}", f"mem {record['memory_gb']:.2f} GB"]
+    if "elapsed_s" in record:
+        parts += [f"elapsed {format_hms(record['elapsed_s'])}",
+                  f"ETA {format_hms(record.get('eta_s'))}"]
     if record.get("loss_scale") is not None:
         parts.append(f"scale {record['loss_scale']:g}")
     if record.get("skipped_steps"):
@@ -80,7 +87,7 @@ def source_loss_record(totals, names: list[str], prefix: str = "train") -> dict[
 class Window:
     """The steps since the last log step: their throughput is the record's."""
 
-    start: float = field(default_factory=time.perf_counter)
+    start: float = field(default_factory=now)
     tokens: int = 0
     samples: int = 0
     steps: int = 0
@@ -125,7 +132,7 @@ class Profiler:
 
 class RunMonitor:
     """One rank's reporting for a run: built with the trainer, ``start``ed once the run's
-    starting point is known, ``close``d at its end.
+    starting point is known, ``summarize``d when it completes or stops, ``close``d at its end.
 
     Args:
         cfg: The run's config (its ``monitor`` section, the model's FLOP count, the profiler
@@ -135,10 +142,12 @@ class RunMonitor:
         model, optimizer: For the record's memory of model states.
         is_main: Rank 0: writes files and logs.
         log: Where console lines go.
+        started: When the run began (a ``run_clock.now()`` reading: the trainer's start,
+            before the model was built); the elapsed time counts from it.
     """
 
     def __init__(self, cfg, layout, device: torch.device, precision, model, optimizer,
-                 is_main: bool, log) -> None:
+                 is_main: bool, log, started: float | None = None) -> None:
         self.cfg, self.layout, self.device, self.precision = cfg, layout, device, precision
         self.model, self.optimizer = model, optimizer
         self.is_main, self.log = is_main, log
@@ -150,6 +159,10 @@ class RunMonitor:
         self._metrics: MetricsWriter | None = None
         self.profiler = Profiler(cfg.train.profile_steps, self.run_dir, device)
         self.window = Window()
+        self.clock = RunClock(started)
+        self._first_step: Window | None = None  # the process's first step, kept apart
+        self.steps_here = 0
+        self.last_loss: tuple[int, float] | None = None
 
     # -- the run's start and end ----------------------------------------------------------
     def start(self, resumed: Path | None, initialized: Path | None, init_format: str) -> None:
@@ -200,13 +213,30 @@ class RunMonitor:
         (self.run_dir / "run_info.json").write_text(json.dumps(info, indent=1))
 
     # -- each step --------------------------------------------------------------------------
+    def steps_begin(self) -> None:
+        """The step loop starts: the throughput window and the clock's step times."""
+        self.restart_window()
+        self.clock.steps_begin()
+
     def at_step(self, step: int) -> None:
         """Before step ``step`` runs: the profiler's window."""
         self.profiler.at_step(step)
 
-    def step_done(self, size: int, length: int) -> None:
-        """A step of ``size`` samples of ``length`` tokens was taken (counts for throughput)."""
-        self.window.add(size, length)
+    def step_done(self, step: int, size: int, length: int, loss: float) -> None:
+        """Step ``step`` of ``size`` samples of ``length`` tokens was taken with ``loss``
+        (counts for throughput, the ETA and the summary)."""
+        self.clock.step_ended()
+        self.steps_here += 1
+        self.last_loss = (step, loss)
+        if self._first_step is None:
+            # The process's first step carries the start-up (the loader's first batch,
+            # compilation, the kernels' and allocator's warm-up): throughput is measured from
+            # its end, so the first figure logged is the run's pace, not its start-up's.
+            self._first_step = self.window
+            self._first_step.add(size, length)
+            self.window = Window()
+        else:
+            self.window.add(size, length)
 
     def restart_window(self) -> None:
         """Throughput from now on (after a log step, or a rollback's reload)."""
@@ -220,6 +250,8 @@ class RunMonitor:
                  total_steps: int, source_names: list[str] | None = None) -> None:
         """Write the train record of a log step, print its console line, restart the window."""
         record = self.train_record(result, lr, size, length, state)
+        record["elapsed_s"] = self.clock.elapsed()
+        record["eta_s"] = self.clock.eta(total_steps - state["step"])
         self._check_mfu(record)
         if "source_totals" in result:
             record.update(source_loss_record(result["source_totals"], source_names))
@@ -230,11 +262,13 @@ class RunMonitor:
     def train_record(self, result: dict, lr: float, size: int, length: int,
                      state: dict) -> dict:
         """The train record of the step just taken (``state``: the trainer's counters after
-        it), throughput over the current window."""
+        it), throughput over the current window (the steps since the last log step, not the
+        process's first step unless it is the only one)."""
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        window = self.window
-        seconds = max(time.perf_counter() - window.start, 1e-9)
+        window = self.window if self.window.steps or self._first_step is None \
+            else self._first_step
+        seconds = max(now() - window.start, 1e-9)
         tokens_per_s = window.tokens / seconds
         flops = self.cfg.model.flops_per_token(length) * tokens_per_s
         return {"kind": "train", "step": state["step"], "loss": result["loss"], "lr": lr,
@@ -291,3 +325,19 @@ class RunMonitor:
         """Any record (events: rollbacks, spikes, stops, MFU re-measurements) to the sink."""
         if self._metrics is not None:
             self._metrics.write(record)
+
+    # -- the run's end ------------------------------------------------------------------------
+    def summarize(self, state: dict, total_steps: int, stop_reason: str,
+                  checkpoint: Path | None, has_valid: bool) -> dict | None:
+        """Rank 0: print the end-of-run summary and write ``RUN/summary.json``
+        (``run_summary.py``); returns the summary (None on other ranks)."""
+        if not self.is_main:
+            return None
+        end = RunEnd(self.run_dir, state, total_steps, stop_reason, self.clock.elapsed(),
+                     self.steps_here, self.last_loss, checkpoint, has_valid,
+                     bool(self.cfg.data.tokenizer))
+        summary = run_summary(end)
+        path = write_summary(self.run_dir, summary)
+        for line in summary_lines(summary, path):
+            self.log(line)
+        return summary
