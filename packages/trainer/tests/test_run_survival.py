@@ -133,5 +133,6 @@ def test_watchdog_dumps_the_hanging_rank_and_ends_the_run(uninterrupted, tmp_pat
                     "parallel.data_parallel=2", faults="hang@step:step=7:rank=1", timeout=120)
     assert done.returncode != 0, done.stdout
     report = (run / "watchdog" / "rank_1.txt").read_text()
-    assert report.startswith("watchdog: step 7 took more than 2 s"), report
+    assert report.startswith("watchdog: timing step 7 with a limit of 2 s"), report
+    assert "\nTimeout (0:00:02)!" in report, report
     assert 'faults.py", line' in report and "in fire" in report, report
