@@ -52,11 +52,10 @@ def _records(path: Path) -> list:
     return records
 
 
-def _run_file(wandb_dir: Path, run_id: str, start: int) -> Path:
-    """The run file W&B wrote for this run id at the ``start``-th start (0, 1, ...)."""
-    found = sorted(wandb_dir.glob(f"wandb/offline-run-*-{run_id}/run-{run_id}.wandb"))
-    assert len(found) > start, found
-    return found[start]
+def _run_file(wandb_dir: Path, run_id: str) -> Path:
+    """The run file W&B wrote under ``wandb_dir`` (WANDB_DIR) for this run id."""
+    (found,) = wandb_dir.glob(f"wandb/offline-run-*-{run_id}/run-{run_id}.wandb")
+    return found
 
 
 def _rows(records) -> list[dict[str, float]]:
@@ -69,7 +68,7 @@ def _rows(records) -> list[dict[str, float]]:
         for item in record.history.item:
             name = item.key or "/".join(item.nested_key)
             if not name.startswith("_"):
-                row[name] = json.loads(item.value_json.replace("NaN", "null"))
+                row[name] = json.loads(item.value_json)
         rows.append(row)
     return rows
 
@@ -137,9 +136,9 @@ def _config(corpus, run: Path, samples: int):
 def test_wandb_gets_the_tensorboard_scalars_and_a_resume_continues_its_run(
         corpus, tmp_path, monkeypatch, offline_wandb):
     """Bug: W&B given other names, steps or values than TensorBoard (a record kind left out,
-    activation stats not split per layer, W&B's own step instead of the run's), rows lost when
-    steps repeat, a resume starting a second W&B run instead of continuing the first, a
-    stopped or finished run not finished in W&B (or with the wrong exit code), or W&B's
+    activation stats not split per layer, W&B's own step instead of the run's as ``step``), a
+    resume starting a second W&B run instead of continuing the first, the config not given,
+    a stopped or finished run not finished in W&B (or with the wrong exit code), or W&B's
     service process outliving the run."""
     run = tmp_path / "run"
     # the first start is stopped by SIGUSR1 in step 2 (saved, exit code 75 to come)
@@ -147,12 +146,13 @@ def test_wandb_gets_the_tensorboard_scalars_and_a_resume_continues_its_run(
     first = Trainer(_config(corpus, run, 24), log=lambda *_: None).run()
     assert first["stopped"] and first["step"] == 2
     monkeypatch.delenv("BLOOMLINE_FAULTS")
+    monkeypatch.delenv("WANDB_DIR")  # W&B's files of this start: in RUN/wandb
     second = Trainer(_config(corpus, run, 24), log=lambda *_: None).run()  # resumes: 3..6
     assert second["step"] == 6 and not second.get("stopped")
     assert not _wandb_processes()
 
     run_id = (run / RUN_ID_FILE).read_text().strip()
-    starts = [_records(_run_file(offline_wandb, run_id, start)) for start in (0, 1)]
+    starts = [_records(_run_file(folder, run_id)) for folder in (offline_wandb, run)]
     for records in starts:
         (info,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
         assert info.run_id == run_id and info.project == "tests" and info.display_name == "run"
@@ -194,7 +194,7 @@ def test_a_failed_run_finishes_its_wandb_run_with_exit_code_1(corpus, tmp_path, 
         Trainer(_config(corpus, run, 24), log=lambda *_: None).run()
     assert not _wandb_processes()
     run_id = (run / RUN_ID_FILE).read_text().strip()
-    records = _records(_run_file(offline_wandb, run_id, 0))
+    records = _records(_run_file(offline_wandb, run_id))
     assert _exit_code(records) == 1
     assert [row["step"] for row in _rows(records)] == [2, 2]  # the train and stats rows
 
