@@ -99,7 +99,8 @@ def test_kill_9_soak_ends_bitwise_equal(uninterrupted, tmp_path):
     """Bug: any state a SIGKILL can catch half-written (a checkpoint folder without its
     manifest, an async save in flight, metrics, the index cache) that a resume then trusts:
     killed at random steps and inside checkpoint writes (sync and async), each time resumed
-    with --resume auto, the run must end with the uninterrupted run's losses, bitwise."""
+    with --resume auto, the run must end with the uninterrupted run's losses, bitwise, and
+    leave no hang report (nothing hung: the killed starts' watchdog headers are removed)."""
     corpus, straight = uninterrupted
     run = tmp_path / "run"
     recipe = _recipe(corpus, run, tmp_path / "recipe.toml")
@@ -118,6 +119,7 @@ def test_kill_9_soak_ends_bitwise_equal(uninterrupted, tmp_path):
     done = _trainer("pretrain", "--config", str(recipe), "checkpoint.async=true")
     assert done.returncode == 0, done.stderr
     assert _losses(run) == straight, kills
+    assert not (run / "watchdog").exists(), list((run / "watchdog").iterdir())
 
 
 def test_watchdog_dumps_the_hanging_rank_and_ends_the_run(uninterrupted, tmp_path):
