@@ -31,7 +31,8 @@ BIN = Path(sys.executable).parent
 # data.split and train.profile_steps have rules of their own: test_cross_field_rules)
 FREE_TEXT = {"data.corpus", "data.tokenizer", "data.eod_token", "data.split", "data.cache_dir",
              "train.run_dir", "train.device", "train.profile_steps", "checkpoint.resume",
-             "checkpoint.init_from"}
+             "checkpoint.init_from", "monitor.wandb_project", "monitor.wandb_entity",
+             "monitor.wandb_run_name"}
 
 # list and table fields: a valid whole value around one item (the range holds per item)
 WRAP = {

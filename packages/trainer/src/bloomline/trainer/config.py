@@ -23,6 +23,7 @@ from bloomline.dataprep.gpt_samples import parse_split
 from bloomline.trainer.kernels.cpu.linear import CPU_FP32_MATMUL_CHOICES
 from bloomline.trainer.model.config import ModelConfig
 from bloomline.trainer.model_source import resolve_model_settings
+from bloomline.trainer.wandb_sink import check_wandb_settings
 
 __all__ = ["Config", "DataConfig", "TrainConfig", "PrecisionConfig", "OptimizerConfig",
            "ScheduleConfig", "CurriculumConfig", "CheckpointConfig", "MonitorConfig",
@@ -238,6 +239,20 @@ class MonitorConfig:
     peak, else measured at start-up (best of several tries, before the loader workers start)
     and cached per machine and dtype in RUN/peak_flops.json, measured again if a step beats
     it; a number: use it as given. RUN/config.toml records the value used."""
+    wandb: bool = False
+    """Also log to Weights & Biases (the wandb extra: pip install 'bloomline-trainer[wandb]'):
+    the scalars TensorBoard gets, under the same names and steps, and the run's config; rank 0
+    only. One W&B run per run folder: its id is kept in RUN/wandb_run_id.txt and a resume
+    continues it."""
+    wandb_project: str = "bloomline"
+    """W&B project of the run (no / \\ # ? % :)."""
+    wandb_entity: str = ""
+    """W&B team or user that owns the project; empty: the default entity of the API key."""
+    wandb_run_name: str = ""
+    """Display name of the W&B run; empty: the run folder's name."""
+    wandb_mode: str = ranged("auto", choices=("auto", "online", "offline"))
+    """online (upload as it runs), offline (files in RUN/wandb, uploaded later with wandb
+    sync), or auto (the WANDB_MODE environment variable, else online)."""
 
 
 @dataclass
@@ -346,6 +361,7 @@ def validate(cfg: Config, data_parallel: int = 1) -> None:
             raise UserError(f"train.skip_samples[{index}] = {bounds}: expected [start, end] "
                             "with 0 <= start < end")
     _check_data(d)
+    check_wandb_settings(cfg.monitor)
     # the schedule: what the LR and the sequence length do over the run
     o, s = cfg.optimizer, cfg.schedule
     if o.min_lr > o.lr:

@@ -264,18 +264,20 @@ class Trainer:
         self.monitor.start(resumed, initialized, self.model_source.format)
         if self.skips:
             self.log(f"skipping train samples {self.skips.to_list()}")
-        self.monitor.open_metrics()
         total = self.total_steps()
         if self.state["step"] >= total:
             self.log(f"run complete: step {self.state['step']} of {total}")
             return self.state
+        self.monitor.open_metrics()  # closed below: no W&B run stays open after the run
+        ended = False
         try:
             self._train(train, splits)
             if not self.state.get("stopped"):
                 self._finish_run(splits)
             self._summarize("valid" in splits)
-        finally:
-            self.monitor.close()
+            ended = True
+        finally:  # a failed run's W&B run is marked failed
+            self.monitor.close(failed=not ended)
         return self.state
 
     def _open_batches(self, train) -> StepBatches:

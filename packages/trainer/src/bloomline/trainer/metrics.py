@@ -1,5 +1,6 @@
 """The metrics sink and the readings it records: ``MetricsWriter`` appends records to
-RUN/metrics.jsonl and mirrors their numbers to TensorBoard; ``memory_bytes`` and
+RUN/metrics.jsonl and mirrors their numbers to TensorBoard (and, with ``monitor.wandb``, the
+same scalars to Weights & Biases: ``wandb_sink.py``); ``memory_bytes`` and
 ``activation_stats`` (per-layer maxima and gradient norms) read the device and the model.
 What goes into a record, and the console line, is ``monitor.py``'s.
 """
@@ -14,7 +15,7 @@ from pathlib import Path
 import torch
 from torch.distributed.tensor import DTensor, Partial
 
-__all__ = ["MetricsWriter", "activation_stats", "memory_bytes"]
+__all__ = ["MetricsWriter", "activation_stats", "memory_bytes", "tensorboard_scalars"]
 
 
 def memory_bytes(device: torch.device) -> int:
@@ -52,14 +53,34 @@ def _max_over(value: torch.Tensor | None, mesh) -> float:
     return float(DTensor.from_local(value, mesh, (Partial("max"),), run_check=False).full_tensor())
 
 
+def tensorboard_scalars(record: dict) -> dict[str, float]:
+    """The scalars a record gives TensorBoard (and W&B), by name: ``KIND/KEY`` for each
+    number (not a bool, not the step), and ``activation_stats/KEY/layer_N`` for each layer of
+    an activation-stats list."""
+    kind = record.get("kind", "train")
+    scalars: dict[str, float] = {}
+    for key, value in record.items():
+        if isinstance(value, bool) or key == "step":
+            continue
+        if isinstance(value, int | float):
+            scalars[f"{kind}/{key}"] = value
+        elif isinstance(value, list) and kind == "activation_stats":
+            for layer, v in enumerate(value):
+                scalars[f"activation_stats/{key}/layer_{layer}"] = v
+    return scalars
+
+
 class MetricsWriter:
     """Appends one JSON object per record to RUN/metrics.jsonl and mirrors the numbers to
-    TensorBoard (lists become one scalar per layer: ``name/layer_N``)."""
+    TensorBoard (``tensorboard_scalars``) and to ``wandb`` (a ``wandb_sink.WandbSink``, or
+    None), which ``close`` finishes."""
 
-    def __init__(self, run_dir: str | Path, tensorboard: bool, enabled: bool = True) -> None:
+    def __init__(self, run_dir: str | Path, tensorboard: bool, enabled: bool = True,
+                 wandb=None) -> None:
         self.enabled = enabled
         self.path = Path(run_dir) / "metrics.jsonl"
         self._tb = None
+        self._wandb = wandb if enabled else None
         if enabled and self.path.is_file() and self.path.stat().st_size:
             with self.path.open("rb+") as fh:
                 fh.seek(-1, 2)
@@ -75,17 +96,19 @@ class MetricsWriter:
             return
         with self.path.open("a") as fh:
             fh.write(json.dumps(record) + "\n")
+        if self._tb is None and self._wandb is None:
+            return
+        scalars = tensorboard_scalars(record)
         if self._tb is not None:
-            step = record["step"]
-            for key, value in record.items():
-                if isinstance(value, bool) or key == "step":
-                    continue
-                if isinstance(value, int | float):
-                    self._tb.add_scalar(f"{record.get('kind', 'train')}/{key}", value, step)
-                elif isinstance(value, list) and record.get("kind") == "activation_stats":
-                    for layer, v in enumerate(value):
-                        self._tb.add_scalar(f"activation_stats/{key}/layer_{layer}", v, step)
+            for name, value in scalars.items():
+                self._tb.add_scalar(name, value, record["step"])
+        if self._wandb is not None:
+            self._wandb.log(record, scalars)
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
+        """Flush TensorBoard and finish the W&B run (marked failed with ``failed``)."""
         if self._tb is not None:
             self._tb.close()
+        if self._wandb is not None:
+            self._wandb.close(failed)
+            self._wandb = None

@@ -33,6 +33,7 @@ from bloomline.trainer.mfu import (
 from bloomline.trainer.parallel.memory import memory_record
 from bloomline.trainer.run_clock import RunClock, format_hms, now
 from bloomline.trainer.run_summary import RunEnd, run_summary, summary_lines, write_summary
+from bloomline.trainer.wandb_sink import WandbSink
 
 __all__ = ["Profiler", "RunMonitor", "Window", "console_line", "source_loss_record",
            "valid_console_line"]
@@ -188,14 +189,18 @@ class RunMonitor:
                     "fresh, step 0" if initialized else ""))
 
     def open_metrics(self) -> None:
-        """Start the metrics sink (after ``start``: TensorBoard's writer is a thread)."""
+        """Start the metrics sink (after ``start``: TensorBoard's writer is a thread), and
+        the W&B run with ``monitor.wandb``."""
+        wandb = (WandbSink.open(self.cfg, self.run_dir)
+                 if self.is_main and self.cfg.monitor.wandb else None)
         self._metrics = MetricsWriter(self.run_dir, self.cfg.monitor.tensorboard
-                                      and self.is_main, enabled=self.is_main)
+                                      and self.is_main, enabled=self.is_main, wandb=wandb)
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
+        """End the profiler and the sinks; ``failed``: the run ends with an error."""
         self.profiler.close()
         if self._metrics is not None:
-            self._metrics.close()
+            self._metrics.close(failed)
             self._metrics = None
 
     def _measure_peak(self) -> float:

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from bloomline.common.atomic import atomic_output_dir, check_replaceable_dir
+from bloomline.common.atomic import atomic_output_dir, check_replaceable_dir, publish
 from bloomline.dataprep.tokenizer import Tokenizer, hf_tokenizer_files
 from bloomline.trainer.hf.bloom_config import bloom_config
 from bloomline.trainer.hf.bloom_names import check_tensors, to_hf_state_dict
@@ -83,7 +83,10 @@ def export_hf(model_state_dict: Mapping[str, torch.Tensor], cfg: ModelConfig,
         # a plain mkdir inside the (0700) scratch folder gives the export ordinary permissions
         staged = scratch / "export"
         staged.mkdir()
-        save_file(tensors, staged / "model.safetensors", metadata={"format": "pt"})
+        # safetensors writes through a private (0600) temporary file of its own: publish
+        # gives the file the mode the others get from a plain open() under the umask
+        save_file(tensors, staged / ".model.safetensors.partial", metadata={"format": "pt"})
+        publish(staged / ".model.safetensors.partial", staged / "model.safetensors")
         faults.fire("export")
         (staged / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         for name, content in tokenizer_files.items():

@@ -46,9 +46,11 @@ class RunGuard:
 
     def start(self) -> None:
         """Take the run folder's lock (collective; a UserError when another trainer holds
-        it), then catch the stop signals."""
+        it), then catch the stop signals and start the watchdog (which times nothing before:
+        a save outside a run leaves no file behind)."""
         self.lock.acquire()
         self.stops.install()
+        self.watchdog.start()
 
     def close(self) -> None:
         try:

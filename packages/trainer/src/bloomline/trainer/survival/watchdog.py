@@ -12,6 +12,15 @@ even when the main thread is stuck inside a C call that holds the GIL. It is re-
 start of every step with ``max(floor_seconds, factor x median step time)``; before
 ``_WARM_STEPS`` steps have been timed (compilation, warm-up), and around evaluations and
 checkpoints, the limit is ``startup_seconds``.
+
+The watchdog belongs to a run: it times only between :meth:`Watchdog.start` and
+:meth:`Watchdog.close` (``Trainer.run``, through the run guard), so a save or a step called
+outside a run (a test, a script that builds a ``Trainer`` to write a checkpoint) creates no
+file that nothing would remove. While something is timed the file holds a header naming it and
+its limit; it becomes a hang report only when the timer fires and faulthandler appends its
+``Timeout`` line and the stacks. A process that dies otherwise while timing (SIGKILL, the OOM
+killer, torchrun ending the other ranks) leaves the header alone, which says nothing hung, and
+the next start of the run removes it; a real report is kept, renamed aside.
 """
 
 from __future__ import annotations
@@ -26,6 +35,8 @@ __all__ = ["Watchdog"]
 
 _WARM_STEPS = 5
 _HISTORY = 50
+# what faulthandler writes first when its timer fires (CPython: "Timeout (H:MM:SS)!")
+_FIRED = "\nTimeout ("
 
 
 class Watchdog:
@@ -41,6 +52,7 @@ class Watchdog:
         self._file = None
         self._times: deque[float] = deque(maxlen=_HISTORY)
         self._armed_at: float | None = None
+        self._running = False
 
     @classmethod
     def from_config(cls, cfg, run_dir: str | Path, rank: int) -> Watchdog:
@@ -57,29 +69,45 @@ class Watchdog:
     def median_step_seconds(self) -> float:
         return statistics.median(self._times) if self._times else 0.0
 
-    def arm(self, what: str, seconds: float | None = None) -> None:
-        """Start timing ``what`` (e.g. "step 12"); ``seconds`` overrides the step limit."""
+    def start(self) -> None:
+        """Begin the run's watchdog: from here to :meth:`close`, :meth:`arm` times. The file an
+        earlier start of the run left is kept, renamed aside, if its timer fired (a hang
+        report); removed if not (its process was killed while timing: nothing hung)."""
         if not self.enabled:
+            return
+        if self.path.is_file():
+            if _FIRED in self.path.read_text(errors="replace"):
+                stamp = time.strftime("%Y%m%d-%H%M%S",
+                                      time.localtime(self.path.stat().st_mtime))
+                self.path.rename(self.path.with_name(f"{self.path.stem}-{stamp}.txt"))
+            else:  # the folder stays: another rank may be creating its file in it now
+                self.path.unlink()
+        self._running = True
+
+    def arm(self, what: str, seconds: float | None = None) -> None:
+        """Start timing ``what`` (e.g. "step 12"); ``seconds`` overrides the step limit.
+        Nothing outside :meth:`start` .. :meth:`close`."""
+        if not self.enabled or not self._running:
             return
         limit = self.limit() if seconds is None else seconds
         if self._file is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            if self.path.is_file():  # a report of an earlier start of this run: keep it
-                stamp = time.strftime("%Y%m%d-%H%M%S",
-                                      time.localtime(self.path.stat().st_mtime))
-                self.path.rename(self.path.with_name(f"{self.path.stem}-{stamp}.txt"))
             # kept open: faulthandler writes to the descriptor from its own thread
             self._file = open(self.path, "w")  # noqa: SIM115 - closed in close()
         # the header is rewritten at every arm (microseconds): when the timer fires, the file
-        # says what hung and for how long, then faulthandler appends the stacks
+        # says what hung and for how long, then faulthandler appends the stacks. It claims no
+        # hang itself: a process killed while timing leaves it behind
         self._file.seek(0)
         self._file.truncate()
-        self._file.write(f"watchdog: {what} took more than {limit:.0f} s "
-                         f"(limit: max(watchdog.floor_seconds {self.floor_seconds:g}, "
+        self._file.write(f"watchdog: timing {what} with a limit of {limit:.0f} s "
+                         f"(max(watchdog.floor_seconds {self.floor_seconds:g}, "
                          f"watchdog.factor {self.factor:g} x median step "
                          f"{self.median_step_seconds():.3f} s), or watchdog.startup_seconds "
                          f"{self.startup_seconds:g} for the first steps, evaluations and "
-                         "checkpoints); the stack of every thread follows. Exit code 1.\n")
+                         "checkpoints). If it hangs, faulthandler's Timeout line and the stack "
+                         "of every thread follow and the process exits with code 1; with "
+                         f"nothing below, the process ended otherwise during {what} (killed): "
+                         "nothing hung.\n")
         self._file.flush()
         faulthandler.dump_traceback_later(limit, repeat=False, file=self._file, exit=True)
         self._armed_at = time.perf_counter()
@@ -94,8 +122,10 @@ class Watchdog:
         self._armed_at = None
 
     def close(self) -> None:
-        """Disarm and remove the file: a run that ends normally leaves no hang report."""
+        """Disarm and end the run's watchdog; remove the file: a run that ends normally
+        leaves no hang report."""
         self.disarm()
+        self._running = False
         if self._file is not None:
             self._file.close()
             self._file = None
