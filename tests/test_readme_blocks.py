@@ -1,0 +1,153 @@
+"""Every command block of the READMEs runs as written.
+
+Bug caught: a changed command, flag, default or output path breaks a test, not a user who
+copies the README. (The blocks that new users hit first: `dataprep merge` of a corpus nothing
+created, a `build-index` of a folder the merge had filled with duplicates, a default split too
+small for the sequence length, a `trainer generate` of a checkpoint the previous command had
+rotated away.)
+
+Which blocks run (the rule, also in docs/architecture.md): fences of language `bash`, `sh` or
+`console`; in a `console` block only the `$ ` lines. Other fences (`text`, `toml`, `python`,
+none) never run, and an untagged block that starts with a command is an error. A block that
+cannot run here carries `<!-- readme-test: skip: REASON -->` right before its fence and is
+reported as a skip with that reason (`pytest -ra`).
+
+How: the blocks of one README run in order in one scratch folder laid out like the
+repository after `make demo` (`configs/` linked, `build/demo` built once per session at a
+smaller size by the demo's own commands, `.venv` the running interpreter's environment), each
+under `set -euo pipefail`. A failure shows the README, the block's first line, what ran and
+its output. The substitutions that shorten training are listed in
+`readme_blocks.SHRINK_RULES`; nothing else differs from what the README shows.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from readme_blocks import SHRINK_RULES, Block, parse_readme, script  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+READMES = [REPO / "README.md", *sorted(REPO.glob("packages/*/README.md")),
+           REPO / "benchmarks" / "README.md"]
+PARSED = {readme: parse_readme(readme, REPO) for readme in READMES}
+RUN_BLOCKS = [block for blocks, _ in PARSED.values() for block in blocks if block.runs]
+BLOCK_TIMEOUT_S = 600
+OUTPUT_SHOWN = 6000  # characters of a failed block's output in the report
+
+# What `make demo` builds under build/demo, at a third of its corpus: the READMEs' commands
+# need its files (tokenizer, token file, index cache), not its size.
+DEMO_COMMANDS = """
+dataprep demo-corpus build/demo/raw --size-mb 1
+dataprep train-tokenizer build/demo/raw --vocab-size 8000 --output build/demo/tokenizer/demo
+dataprep tokenize build/demo/raw --tokenizer build/demo/tokenizer/demo.model \
+    --output build/demo/corpus/demo --workers 1
+dataprep build-index build/demo/corpus --seq-length 256 --train-samples 20000 \
+    --valid-samples 200 --split 98,2
+"""
+
+
+def _env() -> dict[str, str]:
+    bin_dir = str(Path(sys.executable).parent)
+    return dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
+
+
+def _bash(text: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "-c", "set -euo pipefail\n" + text], cwd=cwd, env=_env(),
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=BLOCK_TIMEOUT_S)
+
+
+@pytest.fixture(scope="session")
+def demo_dir(tmp_path_factory) -> Path:
+    """build/demo as `make demo` leaves it, minus the run (the READMEs train their own)."""
+    root = tmp_path_factory.mktemp("demo")
+    result = _bash(DEMO_COMMANDS, root)
+    assert result.returncode == 0, f"building the demo corpus failed:\n{result.stdout}"
+    return root / "build" / "demo"
+
+
+class ReadmeRun:
+    """The blocks of one README, run in order in one scratch folder, each at most once."""
+
+    def __init__(self, scratch: Path, demo: Path):
+        self.scratch = scratch
+        (scratch / "configs").symlink_to(REPO / "configs")
+        (scratch / "build").mkdir()
+        (scratch / "build" / "demo").symlink_to(demo)
+        _link_venv(scratch / ".venv")
+        self.results: dict[int, str | None] = {}  # block line -> None (ok) or the failure
+        self.failed_at: str | None = None
+
+    def run(self, block: Block, earlier: list[Block]) -> str | None:
+        """Runs the earlier blocks not yet run, then `block`; its failure, or None."""
+        for previous in [*earlier, block]:
+            if previous.line in self.results or previous.skip:
+                continue
+            if self.failed_at:
+                self.results[previous.line] = (f"not run: the earlier block {self.failed_at} "
+                                               "failed")
+                continue
+            self.results[previous.line] = self._run_one(previous)
+            if self.results[previous.line]:
+                self.failed_at = previous.where
+        return self.results[block.line]
+
+    def _run_one(self, block: Block) -> str | None:
+        text = script(block)
+        result = _bash(text, self.scratch)
+        if result.returncode == 0:
+            return None
+        return (f"{block.where}: the block exited with {result.returncode} (scratch folder "
+                f"{self.scratch})\n--- ran (after SHRINK_RULES):\n{text}--- output (the last "
+                f"{OUTPUT_SHOWN} characters):\n{result.stdout[-OUTPUT_SHOWN:]}")
+
+
+def _link_venv(link: Path) -> None:
+    """`.venv` as `make demo` leaves it: this interpreter's environment, or, outside a
+    virtual environment, a stand-in whose `bin/activate` puts this interpreter first."""
+    if sys.prefix != sys.base_prefix:
+        link.symlink_to(sys.prefix)
+        return
+    (link / "bin").mkdir(parents=True)
+    (link / "bin" / "activate").write_text(
+        f'export PATH="{Path(sys.executable).parent}:$PATH"\n', encoding="utf-8")
+
+
+@pytest.fixture(scope="session")
+def readme_runs(tmp_path_factory, demo_dir):
+    runs: dict[str, ReadmeRun] = {}
+
+    def get(readme: str) -> ReadmeRun:
+        if readme not in runs:
+            scratch = tmp_path_factory.mktemp("readme-" + readme.replace("/", "-"))
+            runs[readme] = ReadmeRun(scratch, demo_dir)
+        return runs[readme]
+    return get
+
+
+@pytest.mark.parametrize("readme", READMES, ids=[str(r.relative_to(REPO)) for r in READMES])
+def test_readme_fences_and_markers_are_well_formed(readme):
+    """Bug: a command block left without a language (never run by this test), a skip marker
+    without a reason or away from its fence, or an unclosed fence that swallows the rest of
+    the README."""
+    _, problems = PARSED[readme]
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("block", RUN_BLOCKS, ids=[block.where for block in RUN_BLOCKS])
+def test_readme_block_runs(block, readme_runs):
+    """Bug: a README command that fails as written (see the module docstring); the blocks
+    before it in its README run first, as a reader runs them. Shrunk runs: SHRINK_RULES."""
+    if block.skip:
+        pytest.skip(f"{block.where}: {block.skip}")
+    earlier = [b for b in RUN_BLOCKS if b.readme == block.readme and b.line < block.line]
+    failure = readme_runs(block.readme).run(block, earlier)
+    if failure:
+        pytest.fail(failure + "\nshrink rules: " + "; ".join(SHRINK_RULES), pytrace=False)
