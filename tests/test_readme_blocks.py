@@ -81,6 +81,7 @@ class ReadmeRun:
         (scratch / "build").mkdir()
         (scratch / "build" / "demo").symlink_to(demo)
         _link_venv(scratch / ".venv")
+        self.variables = scratch.with_name(scratch.name + ".vars")
         self.results: dict[int, str | None] = {}  # block line -> None (ok) or the failure
         self.failed_at: str | None = None
 
@@ -100,12 +101,23 @@ class ReadmeRun:
 
     def _run_one(self, block: Block) -> str | None:
         text = script(block)
-        result = _bash(text, self.scratch)
+        result = _bash(_carry_variables(text, self.variables), self.scratch)
         if result.returncode == 0:
             return None
         return (f"{block.where}: the block exited with {result.returncode} (scratch folder "
                 f"{self.scratch})\n--- ran (after SHRINK_RULES):\n{text}--- output (the last "
                 f"{OUTPUT_SHOWN} characters):\n{result.stdout[-OUTPUT_SHOWN:]}")
+
+
+def _carry_variables(text: str, state: Path) -> str:
+    """`text` between the shell variables the earlier blocks set (a README's blocks are one
+    terminal session: `C=build/demo/corpus` in one block, `$C` in the next) and the saving of
+    its own for the next block."""
+    return (f'__readme_base=" $(compgen -v | tr "\\n" " ") "\n'
+            f'if [ -f {state} ]; then source {state}; fi\n'
+            f"{text}"
+            f'for __v in $(compgen -v); do case "$__readme_base __readme_base __v " in '
+            f'*" $__v "*) ;; *) declare -p "$__v" ;; esac; done > {state}\n')
 
 
 def _link_venv(link: Path) -> None:
