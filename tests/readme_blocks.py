@@ -170,12 +170,13 @@ def shrink(command: str) -> str:
     if not _TINY_PRETRAIN.search(command):
         return command
     code, comment = _split_comment(command)
+    code = code.rstrip()
     if _TRAIN_SAMPLES.search(code):
         code = _TRAIN_SAMPLES.sub(
             lambda m: f"train.train_samples={_scaled(int(m.group(1)), m.group(0))}", code)
     else:
         code += f" train.train_samples={_TINY_RECIPE_SAMPLES // SCALE}"
-    return f"{code.rstrip()} {_TINY_EXTRA}{comment}"
+    return f"{code} {_TINY_EXTRA}{comment}"
 
 
 def _scaled(value: int, what: str) -> int:

@@ -23,17 +23,19 @@ its output. The substitutions that shorten training are listed in
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from readme_blocks import SHRINK_RULES, Block, parse_readme, script  # noqa: E402
+from readme_blocks import SHRINK_RULES, Block, parse_readme, script, shrink  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-READMES = [REPO / "README.md", *sorted(REPO.glob("packages/*/README.md")),
+READMES = [REPO / "README.md", *sorted(REPO.glob("packages/**/README.md")),
            REPO / "benchmarks" / "README.md"]
 PARSED = {readme: parse_readme(readme, REPO) for readme in READMES}
 RUN_BLOCKS = [block for blocks, _ in PARSED.values() for block in blocks if block.runs]
@@ -73,7 +75,7 @@ def demo_dir(tmp_path_factory) -> Path:
 
 
 class ReadmeRun:
-    """The blocks of one README, run in order in one scratch folder, each at most once."""
+    """The blocks of one README, run in order in one scratch folder, as a reader runs them."""
 
     def __init__(self, scratch: Path, demo: Path):
         self.scratch = scratch
@@ -82,22 +84,22 @@ class ReadmeRun:
         (scratch / "build" / "demo").symlink_to(demo)
         _link_venv(scratch / ".venv")
         self.variables = scratch.with_name(scratch.name + ".vars")
-        self.results: dict[int, str | None] = {}  # block line -> None (ok) or the failure
-        self.failed_at: str | None = None
+        self.results: dict[int, str | None] = {}
 
-    def run(self, block: Block, earlier: list[Block]) -> str | None:
-        """Runs the earlier blocks not yet run, then `block`; its failure, or None."""
-        for previous in [*earlier, block]:
-            if previous.line in self.results or previous.skip:
+    def run(self, blocks: list[Block]) -> dict[int, str | None]:
+        """Runs `blocks` in order (a skipped block is passed over): {line: None (ok) or the
+        failure}; after a failure the rest are not run, since they use its outputs."""
+        failed_at = None
+        for block in blocks:
+            if block.skip:
                 continue
-            if self.failed_at:
-                self.results[previous.line] = (f"not run: the earlier block {self.failed_at} "
-                                               "failed")
+            if failed_at:
+                self.results[block.line] = f"not run: the earlier block {failed_at} failed"
                 continue
-            self.results[previous.line] = self._run_one(previous)
-            if self.results[previous.line]:
-                self.failed_at = previous.where
-        return self.results[block.line]
+            self.results[block.line] = self._run_one(block)
+            if self.results[block.line]:
+                failed_at = block.where
+        return self.results
 
     def _run_one(self, block: Block) -> str | None:
         text = script(block)
@@ -113,11 +115,12 @@ def _carry_variables(text: str, state: Path) -> str:
     """`text` between the shell variables the earlier blocks set (a README's blocks are one
     terminal session: `C=build/demo/corpus` in one block, `$C` in the next) and the saving of
     its own for the next block."""
+    file = shlex.quote(str(state))
     return (f'__readme_base=" $(compgen -v | tr "\\n" " ") "\n'
-            f'if [ -f {state} ]; then source {state}; fi\n'
+            f'if [ -f {file} ]; then source {file}; fi\n'
             f"{text}"
             f'for __v in $(compgen -v); do case "$__readme_base __readme_base __v " in '
-            f'*" $__v "*) ;; *) declare -p "$__v" ;; esac; done > {state}\n')
+            f'*" $__v "*) ;; *) declare -p "$__v" ;; esac; done > {file}\n')
 
 
 def _link_venv(link: Path) -> None:
@@ -132,15 +135,23 @@ def _link_venv(link: Path) -> None:
 
 
 @pytest.fixture(scope="session")
-def readme_runs(tmp_path_factory, demo_dir):
-    runs: dict[str, ReadmeRun] = {}
-
-    def get(readme: str) -> ReadmeRun:
-        if readme not in runs:
+def readme_results(request, tmp_path_factory, demo_dir):
+    """{README: a future of its block results}. The READMEs of the selected block tests run
+    side by side, each in its own thread and folder, up to its last selected block: their
+    commands spend much of their time starting Python on one core, which overlaps well."""
+    selected = [item.callspec.params["block"] for item in request.session.items
+                if getattr(item, "originalname", "") == "test_readme_block_runs"
+                and not item.callspec.params["block"].skip]
+    last = {}
+    for block in selected:
+        last[block.readme] = max(last.get(block.readme, 0), block.line)
+    with ThreadPoolExecutor(max_workers=max(1, len(last))) as pool:
+        futures = {}
+        for readme, line in last.items():
             scratch = tmp_path_factory.mktemp("readme-" + readme.replace("/", "-"))
-            runs[readme] = ReadmeRun(scratch, demo_dir)
-        return runs[readme]
-    return get
+            blocks = [b for b in RUN_BLOCKS if b.readme == readme and b.line <= line]
+            futures[readme] = pool.submit(ReadmeRun(scratch, demo_dir).run, blocks)
+        yield futures
 
 
 @pytest.mark.parametrize("readme", READMES, ids=[str(r.relative_to(REPO)) for r in READMES])
@@ -154,12 +165,64 @@ def test_readme_fences_and_markers_are_well_formed(readme):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("block", RUN_BLOCKS, ids=[block.where for block in RUN_BLOCKS])
-def test_readme_block_runs(block, readme_runs):
+def test_readme_block_runs(block, readme_results):
     """Bug: a README command that fails as written (see the module docstring); the blocks
     before it in its README run first, as a reader runs them. Shrunk runs: SHRINK_RULES."""
     if block.skip:
         pytest.skip(f"{block.where}: {block.skip}")
-    earlier = [b for b in RUN_BLOCKS if b.readme == block.readme and b.line < block.line]
-    failure = readme_runs(block.readme).run(block, earlier)
+    failure = readme_results[block.readme].result()[block.line]
     if failure:
         pytest.fail(failure + "\nshrink rules: " + "; ".join(SHRINK_RULES), pytrace=False)
+
+
+def _parse(tmp_path, text: str):
+    readme = tmp_path / "README.md"
+    readme.write_text(text, encoding="utf-8")
+    return parse_readme(readme, tmp_path)
+
+
+def test_the_run_rule_and_the_skip_marker(tmp_path):
+    """Bug: a bash/console block silently not run, an output sample run as a command, or a
+    skip marker that loses its reason (a skip must say why in `pytest -ra`)."""
+    blocks, problems = _parse(tmp_path, (
+        "```bash\nls\n```\n"
+        "```console\n$ echo a \\\n    b\nsample output\n```\n"
+        "```text\n$ not run\n```\n"
+        "<!-- readme-test: skip: needs SLURM -->\n```sh\nsbatch x\n```\n"))
+    assert not problems
+    assert [(b.line, b.language, b.runs, b.skip) for b in blocks] == [
+        (1, "bash", True, None), (4, "console", True, None), (9, "text", False, None),
+        (13, "sh", True, "needs SLURM")]
+    assert script(blocks[1]) == "echo a      b\n"  # the `$ ` line and its continuation only
+
+
+@pytest.mark.parametrize(("text", "problem"), [
+    ("<!-- readme-test: skip: -->\n```bash\nls\n```\n", "skip marker without a reason"),
+    ("<!-- readme-test: skip: why -->\n\ntext\n```bash\nls\n```\n", "not right before a fence"),
+    ("<!-- readme-test: run -->\n```bash\nls\n```\n", "unknown readme-test marker"),
+    ("```\n$ inspect-data summary corpus/\n```\n", "a block of commands without a language"),
+    ("```\ndataprep tokenize raw/\n```\n", "a block of commands without a language"),
+    ("```bash\nls\n", "fence never closed"),
+])
+def test_markers_and_untagged_command_blocks_are_refused(tmp_path, problem, text):
+    """Bug: a marker with no reason (a silent skip), a marker that skips a block it is not
+    attached to, or a command block that escapes the test by having no language."""
+    _, problems = _parse(tmp_path, text)
+    assert len(problems) == 1 and problem in problems[0], problems
+    assert problems[0].startswith("README.md:")
+
+
+def test_shrink_scales_tiny_runs_and_their_checkpoints_together():
+    """Bug: a shrunk run whose checkpoint names no longer match the commands that read them
+    (generate of step_00000300 after a 1-step run), or overrides appended inside a comment."""
+    assert shrink("trainer pretrain --config configs/tiny-cpu.toml   # 300 steps") == (
+        "trainer pretrain --config configs/tiny-cpu.toml train.train_samples=16 "
+        "schedule.warmup=0 train.eval_interval=0 monitor.peak_flops=1e11  # 300 steps")
+    assert "train.train_samples=32 " in shrink(
+        "trainer pretrain --config configs/tiny-cpu.toml train.train_samples=9600")
+    assert shrink("trainer generate runs/x/checkpoints/step_00000300 --prompt 'a # b'") == (
+        "trainer generate runs/x/checkpoints/step_00000001 --prompt 'a # b'")
+    assert shrink("trainer pretrain --config configs/1b3.toml") == (
+        "trainer pretrain --config configs/1b3.toml")
+    with pytest.raises(ValueError, match="step_00000010: not a multiple of 300"):
+        shrink("trainer generate runs/x/checkpoints/step_00000010")
