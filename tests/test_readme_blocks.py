@@ -217,7 +217,8 @@ def test_shrink_scales_tiny_runs_and_their_checkpoints_together():
     (generate of step_00000300 after a 1-step run), or overrides appended inside a comment."""
     assert shrink("trainer pretrain --config configs/tiny-cpu.toml   # 300 steps") == (
         "trainer pretrain --config configs/tiny-cpu.toml train.train_samples=16 "
-        "schedule.warmup=0 train.eval_interval=0 monitor.peak_flops=1e11  # 300 steps")
+        "schedule.warmup=0 train.eval_interval=0 monitor.peak_flops=1e11 "
+        "train.micro_batch_size=4  # 300 steps")
     assert "train.train_samples=32 " in shrink(
         "trainer pretrain --config configs/tiny-cpu.toml train.train_samples=9600")
     assert shrink("trainer generate runs/x/checkpoints/step_00000300 --prompt 'a # b'") == (
