@@ -144,25 +144,26 @@ def _logical_lines(text: str) -> list[str]:
 # --- the substitutions --------------------------------------------------------------------
 #
 # `trainer pretrain --config configs/tiny-cpu.toml` trains 300 steps (minutes on 2 cores). In a
-# test every such command trains 1/300 of its samples: `train.train_samples=N` becomes N/300
-# (the recipe's 4800 becomes 16, one step of its global batch), and a checkpoint named
-# `step_N` in any command becomes `step_{N/300}`, so the commands that follow a run still find
-# its checkpoints. Those runs also skip the warmup (longer than one step), the evaluation and
-# the matmul-peak measurement (seconds per run; no figure of a test run is read), and take
-# micro-batches of 4: at the recipe's 8 the MLP's activations reach the size at which the CPU
-# GELU is compiled, seconds in every new process.
+# test such a command trains 1/100 of its samples and saves 100 times as often:
+# `train.train_samples` (the recipe's 4800) and `checkpoint.interval` (the recipe's 100) are
+# divided by 100, given or not, and a checkpoint named `step_N` in any command becomes
+# `step_{N/100}`. So a shrunk run saves and rotates (`checkpoint.keep_last`) the same
+# checkpoints, by name, as the full run: a command that reads a checkpoint an earlier command
+# rotated away fails here too. Those runs also skip the warmup (longer than the shrunk run),
+# the evaluation and the matmul-peak measurement (seconds per run; no figure of a test run is
+# read), and take micro-batches of 4: at the recipe's 8 the MLP's activations reach the size at
+# which the CPU GELU is compiled, seconds in every new process.
 
-SCALE = 300
+SCALE = 100
 _TINY_PRETRAIN = re.compile(r"\btrainer pretrain\b.*configs/tiny-cpu\.toml")
-_TRAIN_SAMPLES = re.compile(r"\btrain\.train_samples=(\d+)")
+_SCALED_KEYS = {"train.train_samples": 4800, "checkpoint.interval": 100}  # the recipe's values
 _STEP_DIR = re.compile(r"\bstep_(\d{8})\b")
-_TINY_RECIPE_SAMPLES = 4800
 _TINY_EXTRA = ("schedule.warmup=0 train.eval_interval=0 monitor.peak_flops=1e11 "
                "train.micro_batch_size=4")
 SHRINK_RULES = (
-    "trainer pretrain on configs/tiny-cpu.toml: train.train_samples / 300 (4800 if not given), "
-    f"and {_TINY_EXTRA}",
-    "step_N (a checkpoint folder) -> step_{N/300}",
+    "trainer pretrain on configs/tiny-cpu.toml: train.train_samples and checkpoint.interval "
+    f"/ {SCALE} (the recipe's 4800 and 100 if not given), and {_TINY_EXTRA}",
+    f"step_N (a checkpoint folder) -> step_{{N/{SCALE}}}",
 )
 
 
@@ -174,11 +175,13 @@ def shrink(command: str) -> str:
         return command
     code, comment = _split_comment(command)
     code = code.rstrip()
-    if _TRAIN_SAMPLES.search(code):
-        code = _TRAIN_SAMPLES.sub(
-            lambda m: f"train.train_samples={_scaled(int(m.group(1)), m.group(0))}", code)
-    else:
-        code += f" train.train_samples={_TINY_RECIPE_SAMPLES // SCALE}"
+    for key, recipe_value in _SCALED_KEYS.items():
+        given = re.compile(rf"\b{re.escape(key)}=(\d+)")
+        if given.search(code):
+            code = given.sub(lambda m, key=key: f"{key}={_scaled(int(m.group(1)), m.group(0))}",
+                             code)
+        else:
+            code += f" {key}={recipe_value // SCALE}"
     return f"{code} {_TINY_EXTRA}{comment}"
 
 

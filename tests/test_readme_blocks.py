@@ -214,16 +214,19 @@ def test_markers_and_untagged_command_blocks_are_refused(tmp_path, problem, text
 
 def test_shrink_scales_tiny_runs_and_their_checkpoints_together():
     """Bug: a shrunk run whose checkpoint names no longer match the commands that read them
-    (generate of step_00000300 after a 1-step run), or overrides appended inside a comment."""
+    (generate of step_00000300 after a 3-step run), one that keeps a checkpoint the full run
+    rotates away (checkpoints not scaled with the steps), or overrides appended inside a
+    comment."""
     assert shrink("trainer pretrain --config configs/tiny-cpu.toml   # 300 steps") == (
-        "trainer pretrain --config configs/tiny-cpu.toml train.train_samples=16 "
-        "schedule.warmup=0 train.eval_interval=0 monitor.peak_flops=1e11 "
-        "train.micro_batch_size=4  # 300 steps")
-    assert "train.train_samples=32 " in shrink(
-        "trainer pretrain --config configs/tiny-cpu.toml train.train_samples=9600")
+        "trainer pretrain --config configs/tiny-cpu.toml train.train_samples=48 "
+        "checkpoint.interval=1 schedule.warmup=0 train.eval_interval=0 "
+        "monitor.peak_flops=1e11 train.micro_batch_size=4  # 300 steps")
+    scaled = shrink("trainer pretrain --config configs/tiny-cpu.toml train.train_samples=9600 "
+                    "checkpoint.interval=200")
+    assert "train.train_samples=96 " in scaled and "checkpoint.interval=2 " in scaled
     assert shrink("trainer generate runs/x/checkpoints/step_00000300 --prompt 'a # b'") == (
-        "trainer generate runs/x/checkpoints/step_00000001 --prompt 'a # b'")
+        "trainer generate runs/x/checkpoints/step_00000003 --prompt 'a # b'")
     assert shrink("trainer pretrain --config configs/1b3.toml") == (
         "trainer pretrain --config configs/1b3.toml")
-    with pytest.raises(ValueError, match="step_00000010: not a multiple of 300"):
+    with pytest.raises(ValueError, match="step_00000010: not a multiple of 100"):
         shrink("trainer generate runs/x/checkpoints/step_00000010")
