@@ -284,8 +284,17 @@ def _error_line(result) -> str:
     (["--weight", "a=1"], "every dataset needs a weight when any has one; missing: b"),
     (["--split", "9,x"], "--split '9,x'"),
     (["--seq-length", "0"], "--seq-length 0: must be at least 1"),
-    (["--seq-length", "100000"], "a.idx: train split: 27 sequences hold 1080 tokens"),
-    (["--split", "999,1"], "the valid split (999,1) gets none of its"),
+    (["--seq-length", "100000"], "a.idx: the train split (--split 9,1) has 0 samples and "
+                                 "needs at least 1: its 27 sequences hold 1080 tokens"),
+    (["--split", "999,1"], "the valid split (999,1) gets none of its 30 sequences; give the "
+                           "split a larger share with --split (a 0 share leaves it out: "
+                           "--split 999,0)"),
+    # a test split too small for one sample (the demo corpus at --seq-length 2048): the line
+    # says which flag fixes it and how
+    (["--split", "80,17,3", "--seq-length", "100"],
+     "a.idx: the test split (--split 80,17,3) has 0 samples and needs at least 1: its 1 "
+     "sequences hold 40 tokens, too few for one sample of 101; lower --seq-length or give the "
+     "split a larger share with --split (a 0 share leaves it out: --split 80,17,0)"),
 ])
 def test_bad_input_is_one_line_naming_the_field(tmp_path, cli, extra, expected):
     """Catches: tracebacks or vague errors for mistakes a user makes on the command line,

@@ -251,15 +251,28 @@ def _split_ranges(datasets: dict[str, IndexedDataset], split_weights: tuple[floa
             if ids is None or len(ids) == 0:
                 raise UserError(
                     f"{dataset.idx_path}: the {split} split ({request.split}) gets none of "
-                    f"its {len(dataset)} sequences; give the split a larger share or add data")
+                    f"its {len(dataset)} sequences; give the split a larger share with "
+                    f"--split{_drop_hint(request.split, split)} or add data")
             tokens = int(dataset.sequence_lengths[ids.start : ids.stop].sum(dtype=np.int64))
             if tokens < needed:
                 raise UserError(
-                    f"{dataset.idx_path}: {split} split: {len(ids)} sequences hold {tokens} "
+                    f"{dataset.idx_path}: the {split} split (--split {request.split}) has 0 "
+                    f"samples and needs at least 1: its {len(ids)} sequences hold {tokens} "
                     f"tokens, too few for one sample of {needed}; lower --seq-length or give "
-                    "the split a larger share")
+                    f"the split a larger share with --split{_drop_hint(request.split, split)}")
     # splits in train, valid, test order
     return {split: ranges_by_split[split] for split in SPLIT_NAMES if split in ranges_by_split}
+
+
+def _drop_hint(split_arg: str, split: str) -> str:
+    """How to leave out a valid or test split the data cannot fill: the user's --split with
+    that share 0 (the train split cannot be left out)."""
+    shares = [part.strip() for part in split_arg.split(",")]
+    position = SPLIT_NAMES.index(split)
+    if position == 0 or position >= len(shares):
+        return ""
+    shares[position] = "0"
+    return f" (a 0 share leaves it out: --split {','.join(shares)})"
 
 
 def _gpt_entry(cache_dir: Path, name: str, dataset: IndexedDataset, identity: str, split: str,
