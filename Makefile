@@ -45,7 +45,8 @@ demo: $(STAMP)
 	$(BIN)/trainer generate $(DEMO)/run/checkpoints/step_00000300 --prompt "The history of" \
 		--max-new-tokens 32
 	$(BIN)/trainer export-hf $(DEMO)/run/checkpoints/step_00000300 $(DEMO)/hf --overwrite
-	@echo "demo: token files in $(DEMO)/corpus, run (metrics.jsonl, tensorboard/, checkpoints/) in $(DEMO)/run, transformers export in $(DEMO)/hf"
+	$(BIN)/trainer plot $(DEMO)/run
+	@echo "demo: token files in $(DEMO)/corpus, run (metrics.jsonl, summary.json, plot.png, tensorboard/, checkpoints/) in $(DEMO)/run, transformers export in $(DEMO)/hf"
 
 bench-tokenize: $(STAMP)
 	$(BIN)/python -m benchmarks.tokenize
