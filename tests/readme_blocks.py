@@ -160,9 +160,11 @@ _SCALED_KEYS = {"train.train_samples": 4800, "checkpoint.interval": 100}  # the 
 _STEP_DIR = re.compile(r"\bstep_(\d{8})\b")
 _TINY_EXTRA = ("schedule.warmup=0 train.eval_interval=0 monitor.peak_flops=1e11 "
                "train.micro_batch_size=4")
+SHORT_RUN_SAMPLES = 1000  # below this a README's run is already short: it runs as written
 SHRINK_RULES = (
     "trainer pretrain on configs/tiny-cpu.toml: train.train_samples and checkpoint.interval "
-    f"/ {SCALE} (the recipe's 4800 and 100 if not given), and {_TINY_EXTRA}",
+    f"/ {SCALE} (the recipe's 4800 and 100 if not given), and {_TINY_EXTRA}; a run given "
+    f"fewer than {SHORT_RUN_SAMPLES} train.train_samples runs as written",
     f"step_N (a checkpoint folder) -> step_{{N/{SCALE}}}",
 )
 
@@ -171,7 +173,7 @@ def shrink(command: str) -> str:
     """`command` with `SHRINK_RULES` applied (unchanged when none applies)."""
     command = _STEP_DIR.sub(lambda m: f"step_{_scaled(int(m.group(1)), m.group(0)):08d}",
                             command)
-    if not _TINY_PRETRAIN.search(command):
+    if not _TINY_PRETRAIN.search(command) or _already_short(command):
         return command
     code, comment = _split_comment(command)
     code = code.rstrip()
@@ -183,6 +185,13 @@ def shrink(command: str) -> str:
         else:
             code += f" {key}={recipe_value // SCALE}"
     return f"{code} {_TINY_EXTRA}{comment}"
+
+
+def _already_short(command: str) -> bool:
+    """A run the README itself keeps to a few steps (`train.train_samples` under
+    `SHORT_RUN_SAMPLES`) runs exactly as written."""
+    given = re.search(r"\btrain\.train_samples=(\d+)", command)
+    return given is not None and int(given.group(1)) < SHORT_RUN_SAMPLES
 
 
 def _scaled(value: int, what: str) -> int:

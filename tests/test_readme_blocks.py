@@ -228,5 +228,7 @@ def test_shrink_scales_tiny_runs_and_their_checkpoints_together():
         "trainer generate runs/x/checkpoints/step_00000003 --prompt 'a # b'")
     assert shrink("trainer pretrain --config configs/1b3.toml") == (
         "trainer pretrain --config configs/1b3.toml")
+    short = "trainer pretrain --config configs/tiny-cpu.toml train.train_samples=160"
+    assert shrink(short) == short  # ten steps as written, not refused as not scalable
     with pytest.raises(ValueError, match="step_00000010: not a multiple of 100"):
         shrink("trainer generate runs/x/checkpoints/step_00000010")
