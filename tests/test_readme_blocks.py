@@ -56,7 +56,10 @@ dataprep build-index build/demo/corpus --seq-length 256 --train-samples 20000 \
 
 def _env() -> dict[str, str]:
     bin_dir = str(Path(sys.executable).parent)
-    return dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
+    # one compute thread per command: the READMEs run side by side, and two torch processes
+    # of two OpenMP threads each on two cores spend most of their time waiting at barriers
+    return dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+                OMP_NUM_THREADS="1")
 
 
 def _bash(text: str, cwd: Path) -> subprocess.CompletedProcess:
