@@ -58,9 +58,9 @@ from bloomline.trainer.kernels.cpu import attention_core, gelu
 from bloomline.trainer.kernels.cpu import linear as linear_layers
 from bloomline.trainer.loop import Trainer
 from bloomline.trainer.malloc import tune_malloc
-from bloomline.trainer.mfu import measure_peak_flops
 from bloomline.trainer.model import attention, gpt, layers, loss
 from bloomline.trainer.precision import fast_low_precision
+from bloomline.trainer.reporting.mfu import measure_peak_flops
 
 __all__ = ["main", "measure", "report"]
 

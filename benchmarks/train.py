@@ -85,10 +85,10 @@ from bloomline.trainer.config import Config
 from bloomline.trainer.data import MegatronSampler, make_loader, open_splits
 from bloomline.trainer.loop import Trainer
 from bloomline.trainer.malloc import tune_malloc
-from bloomline.trainer.mfu import measure_peak_flops
 from bloomline.trainer.model import build_model
 from bloomline.trainer.optim import build_optimizer
 from bloomline.trainer.precision import fast_low_precision
+from bloomline.trainer.reporting.mfu import measure_peak_flops
 
 __all__ = ["main", "measure", "report"]
 

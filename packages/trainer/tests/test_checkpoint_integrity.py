@@ -39,7 +39,7 @@ SETTINGS = {"train": {"train_samples": 80, "log_interval": 1},
 
 def _fast_trainers() -> None:
     """Each run times a matmul for 0.5 s to report MFU; these tests do not read it."""
-    import bloomline.trainer.monitor as monitor
+    import bloomline.trainer.reporting.monitor as monitor
 
     monitor.measure_peak_flops = lambda device, dtype: 1e12
 

@@ -53,7 +53,7 @@ WHY = {"metadata": "(a checkpoint's metadata names only DCP's classes); the chec
 
 def _fast_trainers() -> None:
     """Each run times a matmul for 0.5 s to report MFU; these tests do not read it."""
-    import bloomline.trainer.monitor as monitor
+    import bloomline.trainer.reporting.monitor as monitor
 
     monitor.measure_peak_flops = lambda device, dtype: 1e12
 

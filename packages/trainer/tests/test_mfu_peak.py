@@ -1,4 +1,4 @@
-"""The matmul peak behind MFU (mfu.py): measured as the best of tries, cached per machine and
+"""The matmul peak behind MFU (reporting/mfu.py): measured as the best of tries, cached per machine and
 dtype in the run folder, measured again when a step beats it, and an MFU above 100% never
 logged without a flag saying why. The failure these tests guard against: ``make demo`` logged
 ``mfu 108.5%`` after a start-up measurement taken under load read half the machine's peak."""
@@ -22,11 +22,12 @@ from trainer_fixtures import (
     write_corpus,
 )
 
-import bloomline.trainer.monitor as monitor
-from bloomline.trainer import mfu as peak
-from bloomline.trainer.cpu_load import CpuLoad, CpuLoadMeter, parse_proc_stat
+import bloomline.trainer.reporting.monitor as monitor
 from bloomline.trainer.loop import Trainer
-from bloomline.trainer.mfu import (
+from bloomline.trainer.parallel.local_processes import run_distributed
+from bloomline.trainer.reporting import mfu as peak
+from bloomline.trainer.reporting.cpu_load import CpuLoad, CpuLoadMeter, parse_proc_stat
+from bloomline.trainer.reporting.mfu import (
     CACHE_FILE,
     MfuGuard,
     Peak,
@@ -36,7 +37,6 @@ from bloomline.trainer.mfu import (
     machine_key,
     resolve_peak,
 )
-from bloomline.trainer.parallel.local_processes import run_distributed
 
 CPU = torch.device("cpu")
 

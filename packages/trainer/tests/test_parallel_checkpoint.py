@@ -50,7 +50,7 @@ def _config(corpus: str, run_dir, parallel: dict, resume: str = "none",
 
 def _no_peak_measurement() -> None:
     """Each run times a matmul for 0.5 s to report MFU; these tests do not read it."""
-    import bloomline.trainer.monitor as monitor
+    import bloomline.trainer.reporting.monitor as monitor
 
     monitor.measure_peak_flops = lambda device, dtype: 1e12
 

@@ -76,8 +76,8 @@ def _memory_case(parallel: dict) -> dict:
     """Model-state bytes at the end of forward, at the optimizer step and between steps, the
     formula, and the log record's figures."""
     from bloomline.trainer.loop import Trainer
-    from bloomline.trainer.monitor import Window
     from bloomline.trainer.parallel.memory import model_state_bytes, zero_model_state_bytes
+    from bloomline.trainer.reporting.monitor import Window
 
     trainer = Trainer(equivalence_config(**_sections(parallel=parallel)), log=lambda *_: None)
     offload = trainer.cfg.parallel.offload

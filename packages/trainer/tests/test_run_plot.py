@@ -13,11 +13,11 @@ import pytest
 from trainer_fixtures import FakeMeasure, tiny_config, write_corpus
 from typer.testing import CliRunner
 
-import bloomline.trainer.monitor as monitor
+import bloomline.trainer.reporting.monitor as monitor
 from bloomline.common.errors import UserError
 from bloomline.trainer.cli import app
 from bloomline.trainer.loop import Trainer
-from bloomline.trainer.run_plot import plot_run, plot_series
+from bloomline.trainer.reporting.plot import plot_run, plot_series
 
 
 def _train(step: int, **extra) -> dict:

@@ -11,12 +11,12 @@ import pytest
 import torch
 from trainer_fixtures import FakeMeasure
 
-import bloomline.trainer.monitor as monitor
+import bloomline.trainer.reporting.monitor as monitor
 from bloomline.common.errors import UserError
-from bloomline.trainer import run_clock
 from bloomline.trainer.loop import Trainer
-from bloomline.trainer.run_clock import RunClock, format_hms
-from bloomline.trainer.run_summary import RunEnd, next_commands
+from bloomline.trainer.reporting import clock as run_clock
+from bloomline.trainer.reporting.clock import RunClock, format_hms
+from bloomline.trainer.reporting.summary import RunEnd, next_commands
 
 TOKENS_PER_STEP = 4 * 32  # the tiny config: global batch 4 of 32 tokens
 

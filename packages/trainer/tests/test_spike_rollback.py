@@ -49,7 +49,7 @@ def _last_per_step(run_dir) -> dict[int, float]:
 def _run_pair(corpus: str, root: str, parallel: dict) -> dict:
     """In this process (a rank of a run, or the only one): run A with the spike injected and
     run B given the skip range from the start; their losses, events and final skips."""
-    import bloomline.trainer.monitor as monitor
+    import bloomline.trainer.reporting.monitor as monitor
 
     monitor.measure_peak_flops = lambda device, dtype: 1e12  # not read here; saves 0.5 s a run
     root = Path(root)

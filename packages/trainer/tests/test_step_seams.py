@@ -1,5 +1,5 @@
 """The seams the training loop is built from, checked without a run: the step's shared tail
-(``step.py``), the console line (``monitor.py``), the batches with the spike fault behind them
+(``step.py``), the console line (``reporting/monitor.py``), the batches with the spike fault behind them
 (``data.StepBatches``) and the bad-step count (``survival/run_guard.py``)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 from bloomline.common.errors import UserError
 from bloomline.trainer.config import Config
 from bloomline.trainer.data import MegatronSampler, StepBatches
-from bloomline.trainer.monitor import console_line
+from bloomline.trainer.reporting.monitor import console_line
 from bloomline.trainer.step import dp_mean, dp_sum, finish_step
 from bloomline.trainer.survival.run_guard import RunGuard
 

@@ -19,7 +19,7 @@ from trainer_fixtures import tiny_config
 from bloomline.common.errors import UserError
 from bloomline.trainer.config import validate
 from bloomline.trainer.loop import Trainer
-from bloomline.trainer.wandb_sink import RUN_ID_FILE
+from bloomline.trainer.reporting.wandb_sink import RUN_ID_FILE
 
 # the run file: a 7-byte header, then 32 KiB blocks of chunks, each with a 7-byte header
 # (crc32, length, type: 1 whole record, 2 first, 3 middle, 4 last part of one)

@@ -70,7 +70,7 @@ def grad_fn_names(t: torch.Tensor) -> set[str]:
 def fake_conditions(other_cores: float, stable: bool = True) -> dict:
     """Measurement conditions as ``mfu.conditions`` records them, with an injected load:
     ``other_cores`` of 2 cores busy with other processes."""
-    from bloomline.trainer.mfu import under_load
+    from bloomline.trainer.reporting.mfu import under_load
 
     recorded = {"other_cpu_cores": other_cores, "own_cpu_cores": 1.0, "cores": 2,
                 "host": "fake-host", "stable": stable, "loadavg_1m": None}
@@ -89,7 +89,7 @@ class FakeMeasure:
         self.calls = 0
 
     def __call__(self, device=None, dtype=None):
-        from bloomline.trainer.mfu import PeakMeasurement
+        from bloomline.trainer.reporting.mfu import PeakMeasurement
 
         value = self.values[min(self.calls, len(self.values) - 1)]
         load = self.loads[min(self.calls, len(self.loads) - 1)]
@@ -103,7 +103,7 @@ def resolve_peak_twice(run_dir: str) -> list:
     in the test module: spawned processes import it by name."""
     import torch.distributed as dist
 
-    from bloomline.trainer.mfu import machine_key, resolve_peak
+    from bloomline.trainer.reporting.mfu import machine_key, resolve_peak
 
     dist.init_process_group("gloo")
     rank, cpu = dist.get_rank(), torch.device("cpu")

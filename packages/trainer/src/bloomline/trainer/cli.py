@@ -266,7 +266,7 @@ def plot_command(
     learning rate, gradient norm, throughput and MFU, with rollbacks and skipped steps marked.
     Needs the plot extra: pip install 'bloomline-trainer[plot]'."""
     # matplotlib (the plot extra) and the records reader: only this command needs them
-    from bloomline.trainer.run_plot import plot_run
+    from bloomline.trainer.reporting.plot import plot_run
 
     result = plot_run(run_dir, output, overwrite)
     marks = [f"{len(result[key])} {key}" for key in ("rollbacks", "spikes", "skipped")

@@ -23,7 +23,7 @@ from bloomline.dataprep.gpt_samples import parse_split
 from bloomline.trainer.kernels.cpu.linear import CPU_FP32_MATMUL_CHOICES
 from bloomline.trainer.model.config import ModelConfig
 from bloomline.trainer.model_source import resolve_model_settings
-from bloomline.trainer.wandb_sink import check_wandb_settings
+from bloomline.trainer.reporting.wandb_sink import check_wandb_settings
 
 __all__ = ["Config", "DataConfig", "TrainConfig", "PrecisionConfig", "OptimizerConfig",
            "ScheduleConfig", "CurriculumConfig", "CheckpointConfig", "MonitorConfig",

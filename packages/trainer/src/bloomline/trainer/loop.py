@@ -5,7 +5,7 @@ step -> schedule -> log -> maybe evaluate -> maybe checkpoint.
 ``trainer pretrain`` does. This module orchestrates; each concern lives in its own module:
 one model's forward/backward in ``forward_backward.py``, the step's shared tail in
 ``step.py``, resume/load/save in ``checkpoint/run_checkpoints.py``, records and console lines
-in ``monitor.py``, batches in ``data.py``, rollbacks and bad steps in ``survival/``.
+in ``reporting/monitor.py``, batches in ``data.py``, rollbacks and bad steps in ``survival/``.
 """
 
 from __future__ import annotations
@@ -35,10 +35,8 @@ from bloomline.trainer.evaluation import blend_of, evaluate_split, sample_source
 from bloomline.trainer.forward_backward import ForwardBackward, loss_functions
 from bloomline.trainer.kernels.cpu.linear import configure_cpu_fp32_matmul
 from bloomline.trainer.malloc import tune_malloc
-from bloomline.trainer.metrics import activation_stats as read_activation_stats
 from bloomline.trainer.model import build_model, padded_vocab_size
 from bloomline.trainer.model_source import load_initial_weights, resolve_model_settings
-from bloomline.trainer.monitor import RunMonitor
 from bloomline.trainer.optim import build_optimizer, learning_rate
 from bloomline.trainer.parallel import (
     build_mesh,
@@ -50,7 +48,9 @@ from bloomline.trainer.parallel import (
 from bloomline.trainer.parallel.data_parallel import shard_optimizer_state
 from bloomline.trainer.parallel.pipeline import build_pipeline
 from bloomline.trainer.precision import Precision, resolve_dtype
-from bloomline.trainer.run_clock import now
+from bloomline.trainer.reporting.clock import now
+from bloomline.trainer.reporting.metrics import activation_stats as read_activation_stats
+from bloomline.trainer.reporting.monitor import RunMonitor
 from bloomline.trainer.step import clip_grad_norm, finish_step, max_norm, set_learning_rate
 from bloomline.trainer.survival import faults
 from bloomline.trainer.survival.preemption import PREEMPTED_EXIT_CODE
@@ -260,7 +260,7 @@ class Trainer:
         self.state["skip_samples"] = self.skips.to_list()
         initialized = (self.model_source.path
                        if not resumed and self.model_source.kind == "init" else None)
-        # the matmul peak first, while nothing else of this run computes (monitor.py)
+        # the matmul peak first, while nothing else of this run computes (reporting/monitor.py)
         self.monitor.start(resumed, initialized, self.model_source.format)
         if self.skips:
             self.log(f"skipping train samples {self.skips.to_list()}")

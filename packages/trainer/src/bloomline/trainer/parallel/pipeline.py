@@ -55,10 +55,10 @@ from torch.distributed.pipelining import (
 
 from bloomline.common.errors import UserError
 from bloomline.trainer.losses import per_sample_means, token_cross_entropy
-from bloomline.trainer.metrics import activation_stats
 from bloomline.trainer.parallel import parallelize
 from bloomline.trainer.parallel.partition import partition_layers
 from bloomline.trainer.precision import Precision
+from bloomline.trainer.reporting.metrics import activation_stats
 from bloomline.trainer.step import (
     dp_mean,
     finish_step,

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bloomline.common.atomic import atomic_write_bytes
-from bloomline.trainer.run_clock import format_hms
-from bloomline.trainer.run_records import latest_per_step, read_records
+from bloomline.trainer.reporting.clock import format_hms
+from bloomline.trainer.reporting.records import latest_per_step, read_records
 
 __all__ = ["SUMMARY_FILE", "RunEnd", "next_commands", "run_summary", "summary_lines",
            "write_summary"]

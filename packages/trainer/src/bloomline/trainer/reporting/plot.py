@@ -19,7 +19,7 @@ from pathlib import Path
 
 from bloomline.common.atomic import atomic_write_bytes
 from bloomline.common.errors import UserError
-from bloomline.trainer.run_records import latest_per_step, read_records
+from bloomline.trainer.reporting.records import latest_per_step, read_records
 
 __all__ = ["INSTALL_HINT", "PLOT_FILE", "plot_run", "plot_series", "require_matplotlib"]
 
@@ -53,7 +53,7 @@ def _series(records: list[dict], key: str, scale: float = 1.0) -> tuple[list, li
 
 
 def plot_series(records: list[dict]) -> dict:
-    """What each panel draws, from a run's records (``run_records.read_records``), one
+    """What each panel draws, from a run's records (``records.read_records``), one
     record per step (the last written):
 
     - ``loss``: ``{label: (steps, values)}``, labels ``train``, ``valid``, ``train NAME`` and

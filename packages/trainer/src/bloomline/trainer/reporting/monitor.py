@@ -1,6 +1,6 @@
 """What a run reports, in one place: the per-step record, its MFU (checked by ``mfu.py``'s
 guard), the run files (``RUN/run_info.json``, ``RUN/config.toml``, ``RUN/summary.json``), the
-profiler window and the console lines, with the elapsed time and ETA (``run_clock.py``).
+profiler window and the console lines, with the elapsed time and ETA (``clock.py``).
 Records go to ``metrics.py``'s sink (metrics.jsonl and TensorBoard).
 
 Adding a metric touches this file only: put it in ``RunMonitor.train_record`` (the sink
@@ -21,8 +21,10 @@ from pathlib import Path
 import torch
 
 from bloomline.common.config_loader import to_toml
-from bloomline.trainer.metrics import MetricsWriter, memory_bytes
-from bloomline.trainer.mfu import (
+from bloomline.trainer.parallel.memory import memory_record
+from bloomline.trainer.reporting.clock import RunClock, format_hms, now
+from bloomline.trainer.reporting.metrics import MetricsWriter, memory_bytes
+from bloomline.trainer.reporting.mfu import (
     MfuGuard,
     Peak,
     PeakCache,
@@ -30,10 +32,8 @@ from bloomline.trainer.mfu import (
     measure_peak_flops,
     resolve_peak,
 )
-from bloomline.trainer.parallel.memory import memory_record
-from bloomline.trainer.run_clock import RunClock, format_hms, now
-from bloomline.trainer.run_summary import RunEnd, run_summary, summary_lines, write_summary
-from bloomline.trainer.wandb_sink import WandbSink
+from bloomline.trainer.reporting.summary import RunEnd, run_summary, summary_lines, write_summary
+from bloomline.trainer.reporting.wandb_sink import WandbSink
 
 __all__ = ["Profiler", "RunMonitor", "Window", "console_line", "source_loss_record",
            "valid_console_line"]
@@ -143,7 +143,7 @@ class RunMonitor:
         model, optimizer: For the record's memory of model states.
         is_main: Rank 0: writes files and logs.
         log: Where console lines go.
-        started: When the run began (a ``run_clock.now()`` reading: the trainer's start,
+        started: When the run began (a ``clock.now()`` reading: the trainer's start,
             before the model was built); the elapsed time counts from it.
     """
 
@@ -335,7 +335,7 @@ class RunMonitor:
     def summarize(self, state: dict, total_steps: int, stop_reason: str,
                   checkpoint: Path | None, has_valid: bool) -> dict | None:
         """Rank 0: print the end-of-run summary and write ``RUN/summary.json``
-        (``run_summary.py``); returns the summary (None on other ranks)."""
+        (``summary.py``); returns the summary (None on other ranks)."""
         if not self.is_main:
             return None
         end = RunEnd(self.run_dir, state, total_steps, stop_reason, self.clock.elapsed(),

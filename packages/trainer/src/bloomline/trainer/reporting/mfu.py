@@ -48,8 +48,8 @@ import torch
 
 from bloomline.common.atomic import atomic_write_bytes
 from bloomline.common.machine import cpu_model
-from bloomline.trainer.cpu_load import CpuLoadMeter
 from bloomline.trainer.kernels.cpu.linear import onednn_available, onednn_matmul
+from bloomline.trainer.reporting.cpu_load import CpuLoadMeter
 
 __all__ = ["CACHE_FILE", "MfuGuard", "Peak", "PeakCache", "PeakMeasurement", "conditions",
            "describe_conditions", "known_gpu_peak", "machine_key", "measure_peak_flops",
