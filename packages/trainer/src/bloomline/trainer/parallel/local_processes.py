@@ -74,7 +74,7 @@ def _worker(rank: int, nproc: int, port: int, environ: dict, call: bytes, queue)
 
 
 def run_distributed(nproc: int, fn, *args, timeout: float = 600.0) -> list:
-    """``[fn(*args) on rank 0, ..., on rank nproc - 1]``, each rank a spawned process (see the
+    """``[fn(*args) on rank 0, ..., on rank nproc - 1]``, each rank a forked process (see the
     module docstring for the contract)."""
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(_PRELOAD)  # takes effect when the server starts (first call)
