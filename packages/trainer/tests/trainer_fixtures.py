@@ -51,7 +51,7 @@ def tiny_config(corpus: str, run_dir, **sections) -> Config:
     cfg.checkpoint.interval = 0
     cfg.monitor.tensorboard = False
     cfg.monitor.activation_stats_interval = 0
-    # given, not measured: the start-up matmul timing (0.6-1.5 s a run) is what only the
+    # given, not measured: the start-up matmul timing (mfu.measure_peak_flops) is what only the
     # peak tests (test_mfu_peak.py) read, and they set 0 to measure
     cfg.monitor.peak_flops = 1e12
     for section, values in sections.items():
