@@ -39,6 +39,8 @@ from bloomline.trainer.reporting.mfu import (
 )
 
 CPU = torch.device("cpu")
+# tiny_config gives the peak; these runs measure it (the setting 0)
+MEASURE = {"peak_flops": 0.0}
 
 
 def _records(run_dir, kind: str = "train") -> list[dict]:
@@ -276,7 +278,8 @@ def test_run_records_the_peak_and_reuses_it_on_resume(corpus, tmp_path, monkeypa
     measure = FakeMeasure(5e11)
     monkeypatch.setattr(monitor, "measure_peak_flops", measure)
     lines: list[str] = []
-    cfg = tiny_config(corpus, tmp_path / "run", train={"train_samples": 16, "exit_interval": 2})
+    cfg = tiny_config(corpus, tmp_path / "run", train={"train_samples": 16, "exit_interval": 2},
+                      monitor=MEASURE)
     Trainer(cfg, log=lines.append).run()
     cfg.train.exit_interval = 0
     Trainer(cfg, log=lines.append).run()
@@ -309,8 +312,8 @@ def test_low_cached_peak_is_measured_again_not_logged_above_100(corpus, tmp_path
     run = tmp_path / "run"
     _write_cached_peak(run, 1e6)
     lines: list[str] = []
-    Trainer(tiny_config(corpus, run, train={"train_samples": 40, "log_interval": 2}),
-            log=lines.append).run()
+    Trainer(tiny_config(corpus, run, train={"train_samples": 40, "log_interval": 2},
+                        monitor=MEASURE), log=lines.append).run()
     records = _records(run)
     assert len(records) == 5 and all(0 < r["mfu"] <= 1 and "mfu_flag" not in r
                                      for r in records)
@@ -332,8 +335,8 @@ def test_peak_still_too_low_is_flagged(corpus, tmp_path, monkeypatch):
     run = tmp_path / "run"
     _write_cached_peak(run, 1e6)
     lines: list[str] = []
-    Trainer(tiny_config(corpus, run, train={"train_samples": 40, "log_interval": 2}),
-            log=lines.append).run()
+    Trainer(tiny_config(corpus, run, train={"train_samples": 40, "log_interval": 2},
+                        monitor=MEASURE), log=lines.append).run()
     records = _records(run)
     assert len(records) == 5 and all(r["mfu"] > 1 for r in records)
     assert all("measuring again did not reach" in r["mfu_flag"] for r in records)
@@ -365,7 +368,7 @@ def test_trainer_started_under_cpu_load_reports_no_mfu_above_100(tmp_path):
     corpus = write_corpus(tmp_path / "corpus", documents=400)
     run = tmp_path / "run"
     cfg = tiny_config(corpus, run, model={"hidden_size": 512}, data={"seq_length": 128},
-                      precision={"dtype": "auto"},
+                      precision={"dtype": "auto"}, monitor=MEASURE,
                       train={"train_samples": 64, "micro_batch_size": 8,
                              "global_batch_size": 8, "log_interval": 2})
     threads = 2 * (os.cpu_count() or 2)

@@ -1,5 +1,6 @@
 """Helpers shared by the trainer tests: a tiny corpus of token documents with a learnable
-pattern and a config that trains on it in a second. A module of its own (not conftest) because
+pattern and a config that trains on it in a second (with a given matmul peak: no start-up
+timing). A module of its own (not conftest) because
 the repository root's conftest is imported by name from the dataprep tests."""
 
 from __future__ import annotations
@@ -50,6 +51,9 @@ def tiny_config(corpus: str, run_dir, **sections) -> Config:
     cfg.checkpoint.interval = 0
     cfg.monitor.tensorboard = False
     cfg.monitor.activation_stats_interval = 0
+    # given, not measured: the start-up matmul timing (mfu.measure_peak_flops) is what only the
+    # peak tests (test_mfu_peak.py) read, and they set 0 to measure
+    cfg.monitor.peak_flops = 1e12
     for section, values in sections.items():
         for key, value in values.items():
             setattr(getattr(cfg, section), key, value)
