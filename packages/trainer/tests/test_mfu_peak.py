@@ -1,7 +1,8 @@
 """The matmul peak behind MFU (reporting/mfu.py): measured as the best of tries, cached per
 machine and dtype in the run folder, measured again when a step beats it, and an MFU above
 100% never logged without a flag saying why. The failure these tests guard against:
-``make demo`` logged ``mfu 108.5%`` after a start-up measurement taken under load read half the machine's peak."""
+``make demo`` logged ``mfu 108.5%`` after a start-up measurement taken under load read half
+the machine's peak."""
 
 from __future__ import annotations
 
