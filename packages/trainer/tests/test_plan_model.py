@@ -35,7 +35,8 @@ GIB = 2**30
 SMALL = Layout(layers=12, hidden=768, heads=12, vocab=50304, seq=1024, micro_batch=4,
                global_batch=64, tp=2, pp=3, dp=2)
 # BLOOM-176B as this trainer would hold it: fp32 parameters and gradients, Adam m and v
-BLOOM_HERE = replace(BLOOM_176B, param_bytes=4, grad_bytes=4, optimizer_bytes=8)
+BLOOM_HERE = replace(BLOOM_176B, param_bytes=4, grad_bytes=4, optimizer_bytes=8,
+                     fsdp_engine=True)
 
 
 def test_counts_agree_with_the_model_config():
@@ -95,16 +96,18 @@ def test_activation_formulas_are_korthikanti_table_2():
 def test_zero_stages_shard_what_the_paper_says():
     """Catches: a ZeRO stage sharding the wrong state (1: optimizer; 2: + gradients;
     3: + parameters), or not by dp."""
-    base = model_state_bytes(replace(SMALL, dp=4), 1)
+    base = model_state_bytes(replace(SMALL, dp=4, fsdp_engine=False), 1)
     for stage, sharded in ((1, {"optimizer"}), (2, {"optimizer", "gradients"}),
                            (3, {"optimizer", "gradients", "parameters"})):
-        got = model_state_bytes(replace(SMALL, dp=4, zero_stage=stage), 1)
+        got = model_state_bytes(replace(SMALL, dp=4, zero_stage=stage, fsdp_engine=False), 1)
         for kind in base:
             assert got[kind] == pytest.approx(base[kind] / (4 if kind in sharded else 1))
-    # bytes per parameter as the trainer keeps them: 4 + 4 + 8
+    # bytes per parameter as the trainer keeps them: 4 + 4 + 8, and FSDP2's 4-byte copy
     one = replace(SMALL, tp=1, pp=1, dp=1)
     states = model_state_bytes(one, 0)
-    assert sum(states.values()) == 16 * one.parameters() - 16 * 2 * one.hidden
+    assert sum(states.values()) == 20 * (one.parameters() - 2 * one.hidden)
+    z3 = model_state_bytes(replace(SMALL, dp=4, zero_stage=3), 1)
+    assert z3["parameter_workspace"] == SMALL.block_parameters() / SMALL.tp * 4
 
 
 def test_micro_batches_in_flight_per_schedule():
@@ -119,14 +122,17 @@ def test_micro_batches_in_flight_per_schedule():
 def test_bloom_fits_80gb_and_its_variants_do_not():
     """Catches: a memory model that would pass layouts that cannot run: BLOOM-176B's layout
     (tp4 pp12 dp8, ZeRO-1, full recomputation) fits an 80 GB A100 on every stage; without
-    recomputation, or with tp 1, its first stage does not."""
+    recomputation, or with tp 1, its first stage does not; the logits buffer is the loss path's."""
     limit = DEVICES["a100-80gb"].memory_bytes
     for lay in (BLOOM_HERE, BLOOM_176B):
         assert max(rank_memory(lay, i)["total"] for i in range(lay.pp)) < limit
     assert rank_memory(replace(BLOOM_HERE, recompute="none"), 0)["total"] > limit
     assert rank_memory(replace(BLOOM_HERE, tp=1, dp=32), 0)["total"] > limit
     last = rank_memory(BLOOM_HERE, BLOOM_HERE.pp - 1)
-    assert last["logits"] == 2 * 2048 * 2 * 250880 / 4 and rank_memory(BLOOM_HERE)["logits"] == 0
+    # pp > 1 takes the unfused loss: bf16 logits + fp32 upcast + fp32 log-softmax
+    assert last["logits"] == 10 * 2048 * 2 * 250880 / 4 and rank_memory(BLOOM_HERE)["logits"] == 0
+    fused = replace(SMALL, tp=1, pp=1)
+    assert rank_memory(fused)["logits"] == 2 * fused.seq * fused.micro_batch * fused.vocab
 
 
 @pytest.mark.parametrize("row", PUBLISHED, ids=lambda r: r.name)

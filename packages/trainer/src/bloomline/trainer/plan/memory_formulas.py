@@ -8,8 +8,9 @@ Model states follow what this trainer keeps (parallel/data_parallel.py, precisio
 parameters that are also the optimizer's master weights (bf16 copies exist only transiently in
 autocast), fp32 gradients, Adam's m and v in fp32: 4 + 4 + 8 bytes per parameter. ZeRO shards
 them over dp as the ZeRO paper does: stage 1 the optimizer state, 2 also the gradients, 3 also
-the parameters. (A bf16-parameter trainer such as Megatron-DeepSpeed keeps 2 + 4 + 12; the
-per-kind byte counts are fields so such a layout can be described too.)
+the parameters; ``parameter_workspace`` adds the transient copies FSDP2 makes (see
+``Layout.fsdp_engine``). (A bf16-parameter trainer such as Megatron-DeepSpeed keeps 2 + 4 + 12
+and no such copy; the per-kind byte counts are fields so such a layout can be described too.)
 
 Activations per block are Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large
 Transformer Models", Table 2), for s tokens, micro-batch b, hidden h, a heads, t-way tensor
@@ -55,6 +56,10 @@ class Layout:
     grad_bytes: int = 4
     optimizer_bytes: int = 8
     """Optimizer state per parameter (Adam's m and v; plus a master copy if params are bf16)."""
+    fsdp_engine: bool = True
+    """This trainer's FSDP2-based data parallelism (parallel/data_parallel.py), whose
+    transient parameter copies the ZeRO paper's accounting lacks; False for Megatron-LM or
+    DeepSpeed runs."""
 
     @property
     def ffn_size(self) -> int:
@@ -98,11 +103,23 @@ def model_state_bytes(layout: Layout, stage: int = 0) -> dict[str, float]:
         n += layout.vocab * layout.hidden + 2 * layout.hidden
     n /= layout.tp
     dp, z = layout.dp, layout.zero_stage
-    return {
+    out = {
         "parameters": n * layout.param_bytes / (dp if z >= 3 else 1),
         "gradients": n * layout.grad_bytes / (dp if z >= 2 else 1),
         "optimizer": n * layout.optimizer_bytes / (dp if z >= 1 else 1),
+        "parameter_workspace": 0.0,
     }
+    if layout.fsdp_engine:
+        # FSDP2's price (parallel/data_parallel.py): stages 0-1 compute on a second, plain
+        # copy of the parameters held from forward to backward; stage 2 keeps its resident
+        # shard besides the gathered whole (counted above); stage 3 gathers one block at a time
+        if z <= 1:
+            out["parameter_workspace"] = n * layout.param_bytes
+        elif z == 2:
+            out["parameter_workspace"] = n * layout.param_bytes / dp
+        else:
+            out["parameter_workspace"] = layout.block_parameters() / layout.tp * layout.param_bytes
+    return out
 
 
 def activation_bytes_per_layer(layout: Layout, recompute: str | None = None) -> float:
@@ -131,7 +148,9 @@ def rank_memory(layout: Layout, stage: int = 0) -> dict[str, float]:
     Kinds: model states (above); ``activations``, the stored activations of the micro-batches
     in flight; ``recompute_workspace``, one block's full activations while full recomputation
     rebuilds it; ``logits`` on the last stage, the fused head + loss's one [tokens, vocab / t]
-    buffer in bf16 (model/loss.py: no fp32 logits are kept).
+    buffer in bf16 without tp and pp (model/loss.py: no fp32 logits); with tp or pp the loss
+    takes materialized logits (losses.py): the bf16 [tokens, vocab / t] logits, their fp32
+    upcast and the fp32 log-softmax kept for backward, 2 + 4 + 4 bytes per logit at the peak.
     """
     out = model_state_bytes(layout, stage)
     layers = layers_on_stage(layout, stage)
@@ -139,7 +158,8 @@ def rank_memory(layout: Layout, stage: int = 0) -> dict[str, float]:
     out["activations"] = in_flight * layers * activation_bytes_per_layer(layout)
     out["recompute_workspace"] = (activation_bytes_per_layer(layout, "none")
                                   if layout.recompute == "full" else 0.0)
-    out["logits"] = (2.0 * layout.seq * layout.micro_batch * layout.vocab / layout.tp
+    per_logit = 2.0 if layout.tp == layout.pp == 1 else 10.0
+    out["logits"] = (per_logit * layout.seq * layout.micro_batch * layout.vocab / layout.tp
                      if stage == layout.pp - 1 else 0.0)
     out["total"] = math.fsum(out.values())
     return out

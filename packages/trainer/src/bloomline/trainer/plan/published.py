@@ -39,7 +39,8 @@ def _megatron(layers: int, hidden: int, heads: int, tp: int, pp: int, gpus: int,
     # recomputation, no ZeRO. Micro-batch size is not in the table: 1 is assumed.
     return Layout(layers=layers, hidden=hidden, heads=heads, vocab=51200, seq=2048,
                   micro_batch=1, global_batch=batch, tp=tp, pp=pp, dp=gpus // (tp * pp),
-                  recompute="full", param_bytes=2, grad_bytes=2, optimizer_bytes=12)
+                  recompute="full", param_bytes=2, grad_bytes=2, optimizer_bytes=12,
+                  fsdp_engine=False)
 
 
 _SELENE = device("a100-80gb")  # DGX A100 nodes, 8x 200 Gb/s HDR per node (paper §5)
@@ -54,7 +55,7 @@ _TABLE1 = ("Narayanan et al. 2021, Efficient Large-Scale Language Model Training
 BLOOM_DEVICE = device("a100-80gb", network_bytes_per_s=6.25e9)
 BLOOM_176B = Layout(layers=70, hidden=14336, heads=112, vocab=250880, seq=2048, micro_batch=2,
                     global_batch=2048, tp=4, pp=12, dp=8, zero_stage=1, recompute="full",
-                    param_bytes=2, grad_bytes=4, optimizer_bytes=12)
+                    param_bytes=2, grad_bytes=4, optimizer_bytes=12, fsdp_engine=False)
 
 PUBLISHED: list[Published] = [
     Published("BLOOM-176B", BLOOM_176B, BLOOM_DEVICE, 156, "Scao et al. 2022, §3.4.1"),
