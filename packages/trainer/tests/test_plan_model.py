@@ -21,6 +21,7 @@ from bloomline.trainer.plan.published import (
     EXPECTED_MISSES,
     PUBLISHED,
     implied_efficiency,
+    memory_table,
     predict,
     table,
 )
@@ -153,6 +154,7 @@ def test_efficiency_is_calibrated_on_one_row():
     row = next(r for r in PUBLISHED if r.name == CALIBRATION_ROW)
     assert round(implied_efficiency(row), 2) == DEFAULT_EFFICIENCY
     assert CALIBRATION_ROW not in EXPECTED_MISSES and "| GPT-1008B |" in table()
+    assert memory_table().count("| yes |") == 3  # the doc's table: 3 of 6 variants fit
 
 
 def test_bubble_and_units_without_communication():

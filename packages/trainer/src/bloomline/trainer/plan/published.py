@@ -11,14 +11,14 @@ figure, rounded); every other row is a prediction.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from bloomline.trainer.plan.devices import Device, device
-from bloomline.trainer.plan.memory_formulas import Layout
+from bloomline.trainer.plan.memory_formulas import Layout, rank_memory
 from bloomline.trainer.plan.time_model import StepTime, step_time
 
 __all__ = ["CALIBRATION_ROW", "EXPECTED_MISSES", "PUBLISHED", "Published", "BLOOM_176B",
-           "BLOOM_DEVICE", "implied_efficiency", "predict", "table"]
+           "BLOOM_DEVICE", "implied_efficiency", "memory_table", "predict", "table"]
 
 
 @dataclass(frozen=True)
@@ -116,5 +116,32 @@ def table() -> str:
     return "\n".join(lines)
 
 
+def memory_table() -> str:
+    """Markdown table: the worst stage's bytes per rank for BLOOM-176B's layout and variants,
+    held as this trainer holds them (fp32 parameters and gradients, FSDP2) and as
+    Megatron-DeepSpeed did (bf16 parameters, fp32 master weights)."""
+    here = replace(BLOOM_176B, param_bytes=4, grad_bytes=4, optimizer_bytes=8, fsdp_engine=True)
+    variants = [("BLOOM-176B layout, this trainer", here),
+                ("BLOOM-176B layout, Megatron-DeepSpeed bytes", BLOOM_176B),
+                ("this trainer, no recomputation", replace(here, recompute="none")),
+                ("this trainer, selective recomputation", replace(here, recompute="selective")),
+                ("this trainer, tp 1 (dp 32)", replace(here, tp=1, dp=32)),
+                ("this trainer, + sequence parallelism", replace(here, sequence_parallel=True))]
+    limit = BLOOM_DEVICE.memory_bytes
+    lines = ["| layout | worst stage | model states GiB | activations GiB | total GiB | "
+             "fits 80 GiB |", "|---|---|---|---|---|---|"]
+    for name, lay in variants:
+        stage = max(range(lay.pp), key=lambda i: rank_memory(lay, i)["total"])
+        mem = rank_memory(lay, stage)
+        states = (mem["parameters"] + mem["gradients"] + mem["optimizer"]
+                  + mem["parameter_workspace"])
+        lines.append(f"| {name} | {stage} | {states / 2**30:.1f} | "
+                     f"{(mem['total'] - states) / 2**30:.1f} | {mem['total'] / 2**30:.1f} | "
+                     f"{'yes' if mem['total'] <= limit else 'no'} |")
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
     print(table())
+    print()
+    print(memory_table())
