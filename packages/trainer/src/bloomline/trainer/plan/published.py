@@ -48,7 +48,7 @@ _TABLE1 = ("Narayanan et al. 2021, Efficient Large-Scale Language Model Training
            "Clusters Using Megatron-LM, Table 1")
 
 # BLOOM-176B (Scao et al. 2022, BLOOM: A 176B-Parameter Open-Access Multilingual Language
-# Model, §3.4.1 and Table 3): 48 nodes of 8 A100-80GB linked by 4x 100 Gb/s Omni-Path per node
+# Model, §3.4.1): 48 nodes of 8 A100-80GB linked by 4x 100 Gb/s Omni-Path per node
 # (50 GB/s / 8 GPUs = 6.25 GB/s per GPU); tp 4, pp 12, dp 8, micro-batch 2, global batch
 # 2048 sequences of 2048, ZeRO-1, bf16 with fp32 master weights (Megatron-DeepSpeed), full
 # recomputation; 156 TFLOP/s per GPU in the fastest configuration (§3.4.1).
