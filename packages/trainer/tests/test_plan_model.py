@@ -180,3 +180,12 @@ def test_device_overrides_make_a_new_device():
         device("a100-80gb", netwrok_bytes_per_s=1.0)
     with pytest.raises(KeyError):
         device("a100-81gb")
+
+
+@pytest.mark.parametrize("change", [dict(global_batch=63), dict(pp=13), dict(recompute="ful"),
+                                    dict(schedule="interleaved"), dict(zero_stage=4)])
+def test_impossible_layouts_are_refused(change):
+    """Catches: a plan silently made for a layout the trainer cannot run (a batch that does
+    not split into micro-batches, more stages than layers, a misspelt option)."""
+    with pytest.raises(ValueError):
+        replace(SMALL, **change)

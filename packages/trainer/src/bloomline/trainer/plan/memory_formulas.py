@@ -61,6 +61,20 @@ class Layout:
     transient parameter copies the ZeRO paper's accounting lacks; False for Megatron-LM or
     DeepSpeed runs."""
 
+    def __post_init__(self) -> None:
+        # a layout the trainer would refuse must not get a plan: catch it here, by name
+        if self.global_batch % (self.dp * self.micro_batch):
+            raise ValueError(f"global_batch {self.global_batch} is not a multiple of dp x "
+                             f"micro_batch = {self.dp * self.micro_batch}")
+        if not 1 <= self.pp <= self.layers:
+            raise ValueError(f"cannot split {self.layers} layers into {self.pp} stages")
+        if self.recompute not in ("none", "selective", "full"):
+            raise ValueError(f"recompute must be none, selective or full, not {self.recompute!r}")
+        if self.schedule not in ("1f1b", "gpipe"):
+            raise ValueError(f"schedule must be 1f1b or gpipe, not {self.schedule!r}")
+        if self.zero_stage not in (0, 1, 2, 3):
+            raise ValueError(f"zero_stage must be 0-3, not {self.zero_stage}")
+
     @property
     def ffn_size(self) -> int:
         return self.ffn or 4 * self.hidden
