@@ -1,4 +1,4 @@
-"""``trainer``: pretrain, generate, export-hf, verify-checkpoint, evaluate, config, plot.
+"""``trainer``: pretrain, generate, export-hf, verify-checkpoint, evaluate, config, plot, plan.
 
 Each command imports the trainer modules it uses inside its function: they load torch (a few
 seconds), which ``trainer --help``, a mistyped option and the ``--nproc`` launcher's own
@@ -6,6 +6,7 @@ process do without."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -281,6 +282,48 @@ def plot_command(
 
 
 # the most the interpreter may take to exit once a command is done (joining threads, atexit)
+@app.command("plan", context_settings={"allow_extra_args": True,
+                                       "ignore_unknown_options": True})
+def plan_command(
+    ctx: typer.Context,
+    config: str = typer.Option(..., help="TOML recipe (see configs/)."),
+    gpu: str = typer.Option("a100-80gb", help="Device: a100-40gb, a100-80gb, h100-80gb, h200."),
+    gpu_set: list[str] = typer.Option([], "--gpu-set", help="Override a device field, e.g. "
+                                      "network_bytes_per_s=6.25e9 (repeatable)."),
+    nodes: int = typer.Option(0, help="Nodes (default: the recipe's '# world size' comment)."),
+    gpus_per_node: int = typer.Option(8, help="GPUs per node (with --nodes)."),
+    rank: list[int] = typer.Option([], "--rank", help="A rank to build (repeatable; default: "
+                                   "the first, a middle and the last)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Dry run of a recipe at its full world size, without the hardware: chosen ranks built
+    as `trainer pretrain` builds them, on meta tensors under a fake process group (layers,
+    embedding/head placement, vocabulary shards), their memory by kind against the device,
+    and the time model's step time, tokens/s, TFLOP/s per GPU and MFU."""
+    # torch-heavy: imported by the command that needs it (module docstring)
+    from bloomline.trainer.config import load_trainer_config
+    from bloomline.trainer.plan.planner import (
+        format_plan,
+        gpu_from_options,
+        plan_run,
+        stated_world,
+    )
+
+    device = gpu_from_options(gpu, gpu_set)
+    stated = stated_world(config)
+    if nodes:
+        world, layout_overrides = nodes * gpus_per_node, []
+    elif stated:
+        world, layout_overrides = stated
+    else:
+        raise UserError(f"{config} states no '# world size: N': give --nodes N "
+                        "(and --gpus-per-node)")
+    cfg = load_trainer_config(config, layout_overrides + list(ctx.args))
+    ranks = rank or sorted({0, world // 2, world - 1})
+    result = plan_run(cfg, world, ranks, device)
+    typer.echo(json.dumps(result, indent=1) if as_json else format_plan(result))
+
+
 EXIT_DEADLINE_SECONDS = 30.0
 
 

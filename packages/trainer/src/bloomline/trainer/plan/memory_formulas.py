@@ -56,6 +56,11 @@ class Layout:
     grad_bytes: int = 4
     optimizer_bytes: int = 8
     """Optimizer state per parameter (Adam's m and v; plus a master copy if params are bf16)."""
+    stores_attention_scores: bool = True
+    """Whether backward keeps the [s, s] attention scores per head (Korthikanti's ``5as/h``):
+    True for an attention that materializes them (Megatron's fused softmax, this trainer's
+    eager path); False for fused kernels that recompute them (flash / flex attention, the
+    trainer's GPU path)."""
     fsdp_engine: bool = True
     """This trainer's FSDP2-based data parallelism (parallel/data_parallel.py), whose
     transient parameter copies the ZeRO paper's accounting lacks; False for Megatron-LM or
@@ -143,7 +148,8 @@ def activation_bytes_per_layer(layout: Layout, recompute: str | None = None) -> 
     sbh = s * b * h
     if recompute == "full":
         return 2 * sbh / (t if layout.sequence_parallel else 1)
-    scores = 0.0 if recompute == "selective" else 5 * a * s / (h * t)
+    kept_scores = recompute != "selective" and layout.stores_attention_scores
+    scores = 5 * a * s / (h * t) if kept_scores else 0.0
     if layout.sequence_parallel:
         return sbh * (34 / t + scores)
     return sbh * (10 + 24 / t + scores)

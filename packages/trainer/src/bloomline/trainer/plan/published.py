@@ -120,11 +120,14 @@ def memory_table() -> str:
     """Markdown table: the worst stage's bytes per rank for BLOOM-176B's layout and variants,
     held as this trainer holds them (fp32 parameters and gradients, FSDP2) and as
     Megatron-DeepSpeed did (bf16 parameters, fp32 master weights)."""
-    here = replace(BLOOM_176B, param_bytes=4, grad_bytes=4, optimizer_bytes=8, fsdp_engine=True)
+    # this trainer's GPU attention is a fused (flex) kernel: no [s, s] scores kept for backward
+    here = replace(BLOOM_176B, param_bytes=4, grad_bytes=4, optimizer_bytes=8, fsdp_engine=True,
+                   stores_attention_scores=False)
     variants = [("BLOOM-176B layout, this trainer", here),
                 ("BLOOM-176B layout, Megatron-DeepSpeed bytes", BLOOM_176B),
                 ("this trainer, no recomputation", replace(here, recompute="none")),
-                ("this trainer, selective recomputation", replace(here, recompute="selective")),
+                ("this trainer, no recomputation, eager attention (scores kept)",
+                 replace(here, recompute="none", stores_attention_scores=True)),
                 ("this trainer, tp 1 (dp 32)", replace(here, tp=1, dp=32)),
                 ("this trainer, + sequence parallelism", replace(here, sequence_parallel=True))]
     limit = BLOOM_DEVICE.memory_bytes

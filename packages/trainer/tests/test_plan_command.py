@@ -1,0 +1,78 @@
+"""`trainer plan`: the dry run of a recipe at its full world size from the command line.
+
+Every rank here is built on meta tensors under a fake process group (seconds for 176B).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from bloomline.common.errors import UserError
+from bloomline.trainer.cli import app
+
+CONFIGS = Path(__file__).resolve().parents[3] / "configs"
+BLOOM = str(CONFIGS / "176b.toml")
+GIB = 2 ** 30
+
+
+def _plan(*args: str) -> dict:
+    result = CliRunner().invoke(app, ["plan", "--config", BLOOM, "--json", *args])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.output)
+
+
+def test_bloom_176b_plan_at_384_gpus_reports_each_rank_and_the_time_model():
+    """The bug: `trainer plan` of the 176B recipe not building its stated 384-rank world (the
+    recipe's '# world size' ignored), putting the head anywhere but the last rank, reporting
+    memory that does not add up to its total or that disagrees with the ZeRO formula, or a
+    JSON without the fields scripts read (ranks[].memory_bytes, fits, step_time_s, mfu)."""
+    plan = _plan()
+    assert plan["world_size"] == 384
+    assert plan["layout"] == {"pp": 12, "dp": 8, "tp": 4}
+    assert [r["rank"] for r in plan["ranks"]] == [0, 192, 383]
+    first, middle, last = plan["ranks"]
+    assert "embedding" in first["holds"] and "head" in last["holds"]
+    assert middle["holds"] == [] and middle["stage"] == 6
+    for rank in plan["ranks"]:
+        memory = rank["memory_bytes"]
+        assert memory["total"] == sum(v for k, v in memory.items() if k != "total")
+        assert memory["activations"] > 0 and memory["optimizer"] > 0
+        assert rank["device_bytes"] == 80 * GIB and rank["fits"]
+        # the build and the ZeRO formula agree on the model states within 1%
+        assert rank["model_states_built_over_formula"] == pytest.approx(1.0, abs=0.01)
+    assert last["memory_bytes"]["logits"] > 0 == first["memory_bytes"]["logits"]
+    # BLOOM-176B's published ~150 TFLOP/s per GPU and a step of about 100-110 s
+    assert 120 < plan["tflops_per_gpu"] < 180
+    assert 80 < plan["step_time_s"] < 140
+    assert 0 < plan["mfu"] < 1
+
+
+def test_the_same_model_on_one_tensor_parallel_rank_does_not_fit():
+    """The bug: a planner that calls every layout fitting. BLOOM-176B with tp 1 (dp 32) holds
+    four times the model states per rank: more than an 80 GB A100."""
+    plan = _plan("--rank", "0", "parallel.tensor_parallel=1")
+    assert plan["layout"]["tp"] == 1 and plan["layout"]["dp"] == 32
+    assert not plan["ranks"][0]["fits"]
+
+
+def test_nodes_and_gpu_options_and_their_errors():
+    """The bug: --nodes / --gpus-per-node not setting the world, a --gpu-set override
+    ignored, or a bad rank, device or override ending in a traceback instead of one line."""
+    plan = _plan("--nodes", "48", "--gpus-per-node", "8", "--gpu", "h100-80gb", "--rank", "5",
+                 "--gpu-set", "network_bytes_per_s=1e10")
+    assert plan["world_size"] == 384 and [r["rank"] for r in plan["ranks"]] == [5]
+    assert plan["device"]["name"] == "h100-80gb"
+    assert plan["device"]["network_bytes_per_s"] == 1e10
+    for args, message in ((["--rank", "384"], "outside a world of 384"),
+                          (["--gpu", "tpu-v9"], "unknown device"),
+                          (["--gpu-set", "bandwidth"], "expected FIELD=VALUE"),
+                          (["--nodes", "47"], "not divisible")):
+        result = CliRunner().invoke(app, ["plan", "--config", BLOOM, *args])
+        assert result.exit_code != 0
+        assert isinstance(result.exception, (UserError, SystemExit)), result.exception
+        text = str(result.exception) + result.output
+        assert message in text, text
