@@ -76,3 +76,25 @@ def test_nodes_and_gpu_options_and_their_errors():
         assert isinstance(result.exception, (UserError, SystemExit)), result.exception
         text = str(result.exception) + result.output
         assert message in text, text
+
+
+def test_search_ranks_fitting_layouts_and_places_the_recipes_own():
+    """The bug: --search offering a layout that does not fit (or one the trainer would
+    refuse: tp not dividing the heads or crossing a node, a batch that does not split),
+    ranking by anything but predicted speed, or losing the recipe's own layout (BLOOM's
+    tp4 pp12 dp8 ZeRO-1 micro-batch 2 full recomputation fits, so it must be ranked)."""
+    plan = _plan("--search")
+    top = plan["top"]
+    assert len(top) == 5 and plan["fitting"] >= 5
+    speeds = [c["tokens_per_s"] for c in top]
+    assert speeds == sorted(speeds, reverse=True)
+    for c in top:
+        assert c["memory_bytes"] <= 0.9 * 80 * GIB
+        assert 112 % c["tp"] == 0 and c["tp"] <= 8
+        assert c["tp"] * c["pp"] * c["dp"] == 384
+        assert 2048 % (c["dp"] * c["micro_batch"]) == 0
+    assert isinstance(plan["recipe_rank"], int) and 1 <= plan["recipe_rank"] <= plan["fitting"]
+    assert plan["dropped"]["does not fit the device memory"] > 0
+    # on 40 GB devices fewer layouts fit
+    smaller = _plan("--search", "--gpu", "a100-40gb")
+    assert smaller["fitting"] < plan["fitting"]

@@ -295,11 +295,15 @@ def plan_command(
     rank: list[int] = typer.Option([], "--rank", help="A rank to build (repeatable; default: "
                                    "the first, a middle and the last)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    search: bool = typer.Option(False, "--search", help="Rank every layout of the model on "
+                                "these GPUs that fits (tp, pp, dp, ZeRO stage, micro-batch, "
+                                "recomputation, sp) by predicted speed; show the top five."),
 ) -> None:
     """Dry run of a recipe at its full world size, without the hardware: chosen ranks built
     as `trainer pretrain` builds them, on meta tensors under a fake process group (layers,
     embedding/head placement, vocabulary shards), their memory by kind against the device,
-    and the time model's step time, tokens/s, TFLOP/s per GPU and MFU."""
+    and the time model's step time, tokens/s, TFLOP/s per GPU and MFU. With --search: the
+    layouts that fit, fastest first, and where the recipe's own ranks."""
     # torch-heavy: imported by the command that needs it (module docstring)
     from bloomline.trainer.config import load_trainer_config
     from bloomline.trainer.plan.planner import (
@@ -319,6 +323,12 @@ def plan_command(
         raise UserError(f"{config} states no '# world size: N': give --nodes N "
                         "(and --gpus-per-node)")
     cfg = load_trainer_config(config, layout_overrides + list(ctx.args))
+    if search:
+        from bloomline.trainer.plan.planner import search_run
+
+        text, result = search_run(cfg, world, device)
+        typer.echo(json.dumps(result, indent=1) if as_json else text)
+        return
     ranks = rank or sorted({0, world // 2, world - 1})
     result = plan_run(cfg, world, ranks, device)
     typer.echo(json.dumps(result, indent=1) if as_json else format_plan(result))

@@ -10,8 +10,9 @@ from 1 means the build and the formula disagree about what the trainer keeps, wh
 look before renting 384 GPUs. The step time, tokens/s, TFLOP/s per GPU and MFU are the time
 model's (``time_model``), for the whole layout.
 
-Not here yet: a traced training step under fake tensors with memory tracking (the activations
-are the formula's, not measured), and a search over layouts.
+``search_run`` (``--search``) ranks the layouts of the same model that fit by the time model
+(``search.py``). Not here yet: a traced training step under fake tensors with memory tracking
+(the activations are the formula's, not measured).
 """
 
 from __future__ import annotations
@@ -30,10 +31,11 @@ from bloomline.trainer.plan.memory_formulas import (
     model_state_bytes,
 )
 from bloomline.trainer.plan.rank_build import RankPlan, build_rank
+from bloomline.trainer.plan.search import format_search, search
 from bloomline.trainer.plan.time_model import step_time
 
 __all__ = ["activation_breakdown", "format_plan", "formula_layout", "gpu_from_options",
-           "plan_run", "stated_world"]
+           "plan_run", "search_run", "stated_world"]
 
 _WORLD = re.compile(r"^#\s*world size:\s*(\d+)(.*)$", re.MULTILINE)
 _GIB = 2 ** 30
@@ -178,3 +180,19 @@ def gpu_from_options(name: str, settings: list[str]) -> Device:
     except TypeError:
         fields = ", ".join(f for f in Device.__dataclass_fields__ if f != "name")
         raise UserError(f"--gpu-set: unknown field in {settings}; fields: {fields}") from None
+
+
+def search_run(cfg, world_size: int, gpu: Device) -> tuple[str, dict]:
+    """``--search``: rank 0 of the recipe built (its layout checked, its padded vocabulary),
+    then every layout of the model on ``world_size`` GPUs ranked (``search.search``): the
+    text for a person and a JSON-ready dict."""
+    base = formula_layout(cfg, build_rank(cfg, world_size, 0))
+    result = search(base, world_size, gpu)
+    keys = ("tp", "pp", "dp", "zero_stage", "micro_batch", "recompute", "sequence_parallel")
+    top = [{**{k: getattr(c.layout, k) for k in keys}, "worst_stage": c.worst_stage,
+            "memory_bytes": int(c.memory_bytes), "step_time_s": c.time.step,
+            "tokens_per_s": c.time.tokens_per_s, "tflops_per_gpu": c.time.tflops_per_gpu,
+            "mfu": c.time.mfu} for c in result.ranked[:5]]
+    data = {"world_size": world_size, "device": asdict(gpu), "fitting": len(result.ranked),
+            "top": top, "dropped": dict(result.dropped), "recipe_rank": result.given_rank}
+    return format_search(result, base, world_size, gpu), data
