@@ -104,8 +104,10 @@ def test_zero_stages_shard_what_the_paper_says():
         for kind in base:
             assert got[kind] == pytest.approx(base[kind] / (4 if kind in sharded else 1))
     # bytes per parameter as the trainer keeps them: 4 + 4 + 8, and FSDP2's 4-byte copy
+    # wherever it wraps the model (not one process at ZeRO-0)
     one = replace(SMALL, tp=1, pp=1, dp=1)
-    states = model_state_bytes(one, 0)
+    assert sum(model_state_bytes(one, 0).values()) == 16 * (one.parameters() - 2 * one.hidden)
+    states = model_state_bytes(replace(one, dp=2), 0)
     assert sum(states.values()) == 20 * (one.parameters() - 2 * one.hidden)
     z3 = model_state_bytes(replace(SMALL, dp=4, zero_stage=3), 1)
     assert z3["parameter_workspace"] == SMALL.block_parameters() / SMALL.tp * 4
@@ -133,7 +135,9 @@ def test_bloom_fits_80gb_and_its_variants_do_not():
     # pp > 1 takes the unfused loss: bf16 logits + fp32 upcast + fp32 log-softmax
     assert last["logits"] == 10 * 2048 * 2 * 250880 / 4 and rank_memory(BLOOM_HERE)["logits"] == 0
     fused = replace(SMALL, tp=1, pp=1)
-    assert rank_memory(fused)["logits"] == 2 * fused.seq * fused.micro_batch * fused.vocab
+    tokens, vocab, h = fused.seq * fused.micro_batch, fused.vocab, fused.hidden
+    # the fused head + loss: the logits and the two gradients its forward computes
+    assert rank_memory(fused)["logits"] == 2 * (tokens * vocab + vocab * h + tokens * h)
 
 
 @pytest.mark.parametrize("row", PUBLISHED, ids=lambda r: r.name)

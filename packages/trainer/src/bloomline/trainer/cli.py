@@ -298,11 +298,15 @@ def plan_command(
     search: bool = typer.Option(False, "--search", help="Rank every layout of the model on "
                                 "these GPUs that fits (tp, pp, dp, ZeRO stage, micro-batch, "
                                 "recomputation, sp) by predicted speed; show the top five."),
+    trace: bool = typer.Option(True, "--trace/--no-trace", help="Run one training step of "
+                               "each rank on fake tensors under torch's memory tracker (the "
+                               "default; seconds per rank) or give the formulas only."),
 ) -> None:
     """Dry run of a recipe at its full world size, without the hardware: chosen ranks built
-    as `trainer pretrain` builds them, on meta tensors under a fake process group (layers,
-    embedding/head placement, vocabulary shards), their memory by kind against the device,
-    and the time model's step time, tokens/s, TFLOP/s per GPU and MFU. With --search: the
+    as `trainer pretrain` builds them, under a fake process group (layers, embedding/head
+    placement, vocabulary shards); one training step of each traced on fake tensors with
+    torch's memory tracker, its peak by kind against the device beside the formulas'; and
+    the time model's step time, tokens/s, TFLOP/s per GPU and MFU. With --search: the
     layouts that fit, fastest first, and where the recipe's own ranks."""
     # torch-heavy: imported by the command that needs it (module docstring)
     from bloomline.trainer.config import load_trainer_config
@@ -330,7 +334,7 @@ def plan_command(
         typer.echo(json.dumps(result, indent=1) if as_json else text)
         return
     ranks = rank or sorted({0, world // 2, world - 1})
-    result = plan_run(cfg, world, ranks, device)
+    result = plan_run(cfg, world, ranks, device, trace=trace)
     typer.echo(json.dumps(result, indent=1) if as_json else format_plan(result))
 
 

@@ -36,6 +36,7 @@ def fake_world(world_size: int, rank: int = 0, local_world_size: int = 8) -> Ite
     # importing the module registers the "fake" backend with torch.distributed
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
+    _forget_meshes()
     saved = {name: os.environ.get(name) for name in _ENV}
     # init_process_group prefixes "[rankN]:" to every later traceback through sys.excepthook;
     # put the caller's hook back so a planned rank leaves no trace on the process
@@ -48,9 +49,25 @@ def fake_world(world_size: int, rank: int = 0, local_world_size: int = 8) -> Ite
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+        _forget_meshes()
         sys.excepthook = hook
         for name, value in saved.items():
             if value is None:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+def _forget_meshes() -> None:
+    """Drop DTensor's cached sharding and redistribution plans. They are keyed by device
+    mesh, and meshes compare equal by shape and ranks, not by process group: a later world
+    would be handed the earlier world's mesh, whose groups are gone."""
+    from torch.distributed.tensor import DTensor, _redistribute
+    from torch.distributed.tensor._collective_utils import MeshTopoInfo
+
+    propagator = DTensor._op_dispatcher.sharding_propagator
+    propagator.propagate_op_sharding.cache_clear()
+    propagator._propagate_tensor_meta_cached.cache_clear()
+    _redistribute._gen_transform_infos.cache_clear()  # its plans name the mesh to use
+    _redistribute.clear_redistribute_planner_cache()
+    MeshTopoInfo.build_from_mesh.cache_clear()

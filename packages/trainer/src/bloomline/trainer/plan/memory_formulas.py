@@ -26,8 +26,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["Layout", "activation_bytes_per_layer", "layers_on_stage", "micro_batches_in_flight",
-           "model_state_bytes", "rank_memory"]
+__all__ = ["Layout", "activation_bytes_per_layer", "activation_memory", "layers_on_stage",
+           "micro_batches_in_flight", "model_state_bytes", "peak_total", "rank_memory"]
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,15 @@ class Layout:
     True for an attention that materializes them (Megatron's fused softmax, this trainer's
     eager path); False for fused kernels that recompute them (flash / flex attention, the
     trainer's GPU path)."""
+    activation_bytes: int = 2
+    """Bytes per stored activation element: 2 for bf16/fp16 compute (Korthikanti's
+    assumption), 4 for fp32."""
+    residual_bytes: int = 2
+    """Bytes per element of the residual stream, which the LayerNorms store as their input:
+    4 with this trainer's fp32 residual stream (``model.residual_fp32``)."""
+    dropout: bool = True
+    """Whether dropout runs (Korthikanti's count includes its masks and the dropped attention
+    probabilities); False for a recipe with every dropout at 0."""
     fsdp_engine: bool = True
     """This trainer's FSDP2-based data parallelism (parallel/data_parallel.py), whose
     transient parameter copies the ZeRO paper's accounting lacks; False for Megatron-LM or
@@ -128,7 +137,7 @@ def model_state_bytes(layout: Layout, stage: int = 0) -> dict[str, float]:
         "optimizer": n * layout.optimizer_bytes / (dp if z >= 1 else 1),
         "parameter_workspace": 0.0,
     }
-    if layout.fsdp_engine:
+    if layout.fsdp_engine and (dp > 1 or z > 0):  # one process at ZeRO-0 has no engine
         # FSDP2's price (parallel/data_parallel.py): stages 0-1 compute on a second, plain
         # copy of the parameters held from forward to backward; stage 2 keeps its resident
         # shard besides the gathered whole (counted above); stage 3 gathers one block at a time
@@ -142,17 +151,28 @@ def model_state_bytes(layout: Layout, stage: int = 0) -> dict[str, float]:
 
 
 def activation_bytes_per_layer(layout: Layout, recompute: str | None = None) -> float:
-    """Bytes one block stores for backward for one micro-batch (Korthikanti et al. 2022)."""
+    """Bytes one block stores for backward for one micro-batch (Korthikanti et al. 2022).
+
+    Their items, per element of [s, b, h] with e = ``activation_bytes``, r =
+    ``residual_bytes`` and d = 1 with dropout: the two LayerNorm inputs 2r; QKV and MLP
+    input e each (not split by tp without sp); q, k, v, the output projection's input 4e and
+    the MLP's 4h-wide GeLU input and output 8e (split by tp); the two dropout masks 2d (one
+    byte each). Per attention score (a [b, a, s, s] tensor, split by tp): the softmax output
+    e, with dropout its mask (1) and output (e). With e = r = 2 and dropout:
+    ``sbh(34 + 5as/h)``, ``sbh(10 + 24/t + 5as/(ht))`` with tp, ``sbh(34/t + 5as/(ht))`` with
+    tp and sp."""
     s, b, h, a, t = layout.seq, layout.micro_batch, layout.hidden, layout.heads, layout.tp
+    e, r, d = layout.activation_bytes, layout.residual_bytes, int(layout.dropout)
     recompute = layout.recompute if recompute is None else recompute
     sbh = s * b * h
     if recompute == "full":
-        return 2 * sbh / (t if layout.sequence_parallel else 1)
+        return r * sbh / (t if layout.sequence_parallel else 1)  # the block's input
     kept_scores = recompute != "selective" and layout.stores_attention_scores
-    scores = 5 * a * s / (h * t) if kept_scores else 0.0
+    scores = (e + d * (1 + e)) * a * s / (h * t) if kept_scores else 0.0
+    unsplit, split = 2 * r + 2 * e + 2 * d, 12 * e
     if layout.sequence_parallel:
-        return sbh * (34 / t + scores)
-    return sbh * (10 + 24 / t + scores)
+        return sbh * ((unsplit + split) / t + scores)
+    return sbh * (unsplit + split / t + scores)
 
 
 def micro_batches_in_flight(layout: Layout, stage: int) -> int:
@@ -162,24 +182,57 @@ def micro_batches_in_flight(layout: Layout, stage: int) -> int:
     return m if layout.schedule == "gpipe" else min(m, layout.pp - stage)
 
 
-def rank_memory(layout: Layout, stage: int = 0) -> dict[str, float]:
-    """Peak bytes on one rank of pipeline stage ``stage``, by kind, and ``total``.
+def activation_memory(layout: Layout, stage: int, layers: int | None = None
+                      ) -> dict[str, float]:
+    """Activation bytes at the peak of a rank of pipeline stage ``stage`` holding ``layers``
+    blocks (default: the uniform split's), by kind:
 
-    Kinds: model states (above); ``activations``, the stored activations of the micro-batches
-    in flight; ``recompute_workspace``, one block's full activations while full recomputation
-    rebuilds it; ``logits`` on the last stage, the fused head + loss's one [tokens, vocab / t]
-    buffer in bf16 without tp and pp (model/loss.py: no fp32 logits); with tp or pp the loss
-    takes materialized logits (losses.py): the bf16 [tokens, vocab / t] logits, their fp32
-    upcast and the fp32 log-softmax kept for backward, 2 + 4 + 4 bytes per logit at the peak.
+    - ``activations``: what the micro-batches in flight store, each the blocks' (above) plus
+      the tensors around them: the embedding LayerNorm's input on the first stage, the final
+      LayerNorm's and the head's inputs on the last.
+    - ``recompute_workspace``: one block's full activations while full recomputation
+      rebuilds it.
+    - ``logits`` on the last stage. Without tp and pp the fused head + loss (model/loss.py)
+      holds one [tokens, vocab] buffer in the compute dtype and the two gradients it computes
+      in its forward ([vocab, h] and [tokens, h]); with tp or pp the loss takes materialized
+      [tokens, vocab / t] logits (losses.py): the logits, their fp32 upcast and the fp32
+      log-softmax kept for backward, e + 4 + 4 bytes per logit.
     """
-    out = model_state_bytes(layout, stage)
-    layers = layers_on_stage(layout, stage)
+    s, b, h, t = layout.seq, layout.micro_batch, layout.hidden, layout.tp
+    e, r = layout.activation_bytes, layout.residual_bytes
+    first, last = stage == 0, stage == layout.pp - 1
+    layers = layers_on_stage(layout, stage) if layers is None else layers
     in_flight = micro_batches_in_flight(layout, stage)
-    out["activations"] = in_flight * layers * activation_bytes_per_layer(layout)
-    out["recompute_workspace"] = (activation_bytes_per_layer(layout, "none")
-                                  if layout.recompute == "full" else 0.0)
-    per_logit = 2.0 if layout.tp == layout.pp == 1 else 10.0
-    out["logits"] = (per_logit * layout.seq * layout.micro_batch * layout.vocab / layout.tp
-                     if stage == layout.pp - 1 else 0.0)
-    out["total"] = math.fsum(out.values())
+    outer = (r if first else 0) + (r + e if last else 0)
+    sbh = s * b * h / (t if layout.sequence_parallel else 1)
+    out = {"activations": in_flight * (layers * activation_bytes_per_layer(layout)
+                                       + outer * sbh),
+           "recompute_workspace": (activation_bytes_per_layer(layout, "none")
+                                   if layout.recompute == "full" else 0.0),
+           "logits": 0.0}
+    if last:
+        tokens, vocab = s * b, layout.vocab
+        if t == layout.pp == 1:
+            out["logits"] = e * (tokens * vocab + vocab * h + tokens * h)
+        else:
+            out["logits"] = (e + 8) * tokens * vocab / t
+    return out
+
+
+def peak_total(memory: dict[str, float]) -> float:
+    """The peak of a breakdown by kind: every kind at once, except that the logits (the end
+    of the forward) and the recompute workspace (inside the backward) never coexist, so the
+    larger of the two counts."""
+    exclusive = ("logits", "recompute_workspace")
+    rest = math.fsum(v for k, v in memory.items() if k not in exclusive and k != "total")
+    return rest + max(memory.get(k, 0.0) for k in exclusive)
+
+
+def rank_memory(layout: Layout, stage: int = 0) -> dict[str, float]:
+    """Peak bytes on one rank of pipeline stage ``stage``, by kind, and ``total``
+    (``peak_total``): the model states (``model_state_bytes``) and the activations
+    (``activation_memory``)."""
+    out = model_state_bytes(layout, stage)
+    out.update(activation_memory(layout, stage))
+    out["total"] = peak_total(out)
     return out

@@ -17,18 +17,22 @@ model's (``time_model``), for the whole layout.
 
 from __future__ import annotations
 
+import copy
 import math
 import re
 from dataclasses import asdict
 from pathlib import Path
 
+from torch import device as torch_device
+
 from bloomline.common.errors import UserError
 from bloomline.trainer.plan.devices import DEVICES, Device, device
 from bloomline.trainer.plan.memory_formulas import (
     Layout,
-    activation_bytes_per_layer,
+    activation_memory,
     micro_batches_in_flight,
     model_state_bytes,
+    peak_total,
 )
 from bloomline.trainer.plan.rank_build import RankPlan, build_rank
 from bloomline.trainer.plan.search import format_search, search
@@ -53,74 +57,111 @@ def stated_world(path: str | Path) -> tuple[int, list[str]] | None:
     return int(found.group(1)), re.findall(r"parallel\.\w+=\w+", rest)
 
 
-def formula_layout(cfg, built: RankPlan) -> Layout:
+def formula_layout(cfg, built: RankPlan, target: str = "cuda") -> Layout:
     """The formulas' description of the layout ``built`` was built with (its padded
-    vocabulary, its sizes); the trainer's FSDP2 engine and fp32 model states. On a GPU the
-    attention runs as a fused kernel (``model.attention`` auto -> flex, or sdpa) that keeps
-    no [s, s] scores for backward; only ``eager`` stores them."""
-    parallel = cfg.parallel
+    vocabulary, its sizes), for a run on ``target`` (``cuda`` or ``cpu``); the trainer's
+    FSDP2 engine and fp32 model states. Activations are 2 bytes in bf16/fp16, 4 in fp32
+    (``precision.dtype`` ``auto`` is bf16 on a GPU, what the CPU resolves it to on ``cpu``);
+    the residual stream is fp32 with ``model.residual_fp32``. On a GPU the attention runs as
+    a fused kernel (``model.attention`` auto -> flex, or sdpa) that keeps no [s, s] scores
+    for backward; eager attention (the CPU's ``auto``) stores them."""
+    from bloomline.trainer.model.attention import resolve_kernel
+    from bloomline.trainer.precision import resolve_dtype
+
+    parallel, model = cfg.parallel, cfg.model
     schedule = "gpipe" if parallel.pipeline_schedule == "gpipe" else "1f1b"
+    precision = copy.deepcopy(cfg.precision)
+    if target == "cuda" and precision.dtype == "auto":
+        precision.dtype = "bf16"
+    resolve_dtype(precision, torch_device(target))
+    activation_bytes = 4 if precision.dtype == "fp32" else 2
+    kernel = resolve_kernel(model.attention, torch_device(target))
     return Layout(
-        layers=cfg.model.num_layers, hidden=cfg.model.hidden_size, heads=cfg.model.num_heads,
+        layers=model.num_layers, hidden=model.hidden_size, heads=model.num_heads,
         vocab=built.vocab_size, seq=cfg.data.seq_length, micro_batch=cfg.train.micro_batch_size,
         global_batch=cfg.train.global_batch_size, tp=built.tp, pp=built.pp, dp=built.dp,
         zero_stage=parallel.zero_stage, sequence_parallel=parallel.sequence_parallel,
         recompute=parallel.activation_checkpoint, schedule=schedule,
-        ffn=cfg.model.ffn_hidden_size, stores_attention_scores=cfg.model.attention == "eager")
+        ffn=model.ffn_hidden_size, stores_attention_scores=kernel == "eager",
+        activation_bytes=activation_bytes,
+        residual_bytes=4 if model.residual_fp32 else activation_bytes,
+        dropout=bool(model.hidden_dropout or model.attention_dropout))
 
 
 def activation_breakdown(layout: Layout, built: RankPlan) -> dict[str, float]:
-    """Activation bytes of ``built``'s rank: the formula per layer, times the blocks the rank
-    holds and the micro-batches its first stage keeps in flight (model_state_bytes' kinds
-    aside, the same kinds as ``memory_formulas.rank_memory``)."""
-    stage = built.coords[0]
-    in_flight = micro_batches_in_flight(layout, stage)
-    out = {"activations": in_flight * len(built.layers) * activation_bytes_per_layer(layout),
-           "recompute_workspace": (activation_bytes_per_layer(layout, "none")
-                                   if layout.recompute == "full" else 0.0)}
-    per_logit = 2.0 if layout.tp == layout.pp == 1 else 10.0
-    out["logits"] = (per_logit * layout.seq * layout.micro_batch * layout.vocab / layout.tp
-                     if built.has_head else 0.0)
-    return out
+    """Activation bytes of ``built``'s rank by the formulas (``activation_memory``) for the
+    blocks the rank really holds."""
+    return activation_memory(layout, built.coords[0], len(built.layers))
 
 
-def plan_run(cfg, world_size: int, ranks: list[int], gpu: Device) -> dict:
+# the formulas' kinds under the tracker's names, so that the two stand side by side
+_FORMULA_AS_TRACED = {"parameter_workspace": "working", "recompute_workspace": "temporary"}
+
+
+def plan_run(cfg, world_size: int, ranks: list[int], gpu: Device, trace: bool = True) -> dict:
     """The plan of ``ranks`` of a ``world_size`` run of ``cfg`` (loaded as ``trainer
-    pretrain`` loads it) on ``gpu``: a JSON-ready dict (see ``trainer plan --json``)."""
+    pretrain`` loads it) on ``gpu``: a JSON-ready dict (see ``trainer plan --json``).
+
+    Per rank, ``formula_memory_bytes``: the model states read off the rank built on meta
+    tensors plus the activation formulas; with ``trace``, ``traced_memory_bytes``: the peak of
+    one training step of the rank on fake tensors under torch's memory tracker
+    (``traced_step``), by kind as live at that moment. ``memory_bytes`` (and ``fits``) is
+    the traced one when there is one, else the formula's."""
+    from bloomline.trainer.plan.traced_step import trace_ranks
+
     for rank in ranks:
         if not 0 <= rank < world_size:
             raise UserError(f"--rank {rank}: outside a world of {world_size} processes")
-    out_ranks, layout = [], None
+    out_ranks, layout, flights = [], None, []
     for rank in ranks:
         built = build_rank(cfg, world_size, rank)
         layout = layout or formula_layout(cfg, built)
-        memory = {kind: int(value) for kind, value in built.device_bytes.items()}
-        memory.update({k: int(v) for k, v in activation_breakdown(layout, built).items()})
-        memory["total"] = sum(memory.values())
+        formula_memory = {_FORMULA_AS_TRACED.get(kind, kind): int(value)
+                          for kind, value in built.device_bytes.items()}
+        for kind, value in activation_breakdown(layout, built).items():
+            formula_memory[_FORMULA_AS_TRACED.get(kind, kind)] = int(value)
+        formula_memory["total"] = int(peak_total(
+            {("recompute_workspace" if k == "temporary" else k): v
+             for k, v in formula_memory.items()}))
         formula = model_state_bytes(layout, built.coords[0])
         formula_states = math.fsum(formula.values())
-        out_ranks.append({
+        entry = {
             "rank": rank, "stage": built.coords[0], "coords": list(built.coords),
             "layers": [built.layers[0], built.layers[-1]] if built.layers else [],
             "holds": [name for name, has in (("embedding", built.has_embedding),
                                              ("final norm", built.has_final_norm),
                                              ("head", built.has_head)) if has],
             "local_parameters": built.local_parameters,
-            "memory_bytes": memory, "host_bytes": built.host_bytes,
+            "formula_memory_bytes": formula_memory, "host_bytes": built.host_bytes,
             "formula_model_state_bytes": int(formula_states),
             "model_states_built_over_formula": (built.model_state_bytes / formula_states
-                                                if formula_states else None),
-            "device_bytes": gpu.memory_bytes, "fits": memory["total"] <= gpu.memory_bytes})
+                                                if formula_states else None)}
+        flights.append(micro_batches_in_flight(layout, built.coords[0]))
+        out_ranks.append(entry)
+    traced_steps = trace_ranks(cfg, world_size, ranks, "cuda", flights) if trace else []
+    for entry, traced in zip(out_ranks, traced_steps, strict=False):
+        entry["traced_memory_bytes"] = {**traced.at_peak, "total": traced.peak_bytes}
+        entry["traced_micro_batches"] = traced.micro_batches
+        entry["traced_over_formula"] = (traced.peak_bytes
+                                        / entry["formula_memory_bytes"]["total"])
+    for entry in out_ranks:
+        memory = entry.get("traced_memory_bytes", entry["formula_memory_bytes"])
+        entry.update({"memory_bytes": memory, "device_bytes": gpu.memory_bytes,
+                      "fits": memory["total"] <= gpu.memory_bytes})
     timing = step_time(layout, gpu)
     return {"world_size": world_size, "layout": {"pp": layout.pp, "dp": layout.dp,
                                                  "tp": layout.tp},
-            "device": asdict(gpu), "ranks": out_ranks,
+            "device": asdict(gpu), "ranks": out_ranks, "traced": trace,
             "micro_batches": layout.micro_batches,
             "step_time_s": timing.step, "tokens_per_s": timing.tokens_per_s,
             "tflops_per_gpu": timing.tflops_per_gpu, "mfu": timing.mfu,
             "step_parts_s": {"compute": timing.compute, "tensor_parallel": timing.tensor_parallel,
                              "pipeline_p2p": timing.pipeline_p2p, "bubble": timing.bubble,
                              "data_parallel": timing.data_parallel}}
+
+
+_KIND_ORDER = ("parameters", "working", "gradients", "optimizer", "activations", "logits",
+               "temporary", "communication", "buffers", "other")
 
 
 def format_plan(result: dict) -> str:
@@ -131,22 +172,29 @@ def format_plan(result: dict) -> str:
              f"pp{lay['pp']} x dp{lay['dp']} x tp{lay['tp']}, {result['micro_batches']} "
              "micro-batches per step on each pipeline"]
     for r in result["ranks"]:
-        mem = r["memory_bytes"]
         span = f"layers {r['layers'][0]}..{r['layers'][1]}" if r["layers"] else "no layers"
         lines.append(f"rank {r['rank']} (stage {r['stage']}, {span}"
                      + (f", {', '.join(r['holds'])}" if r["holds"] else "")
                      + f"): {r['local_parameters']:,} local parameters")
-        for kind, value in mem.items():
-            if kind != "total":
-                lines.append(f"  {kind:<20}{value / _GIB:8.2f} GiB")
+        formula, traced = r["formula_memory_bytes"], r.get("traced_memory_bytes")
+        kinds = [k for k in _KIND_ORDER if formula.get(k) or (traced or {}).get(k)]
+        lines.append(f"  {'GiB':<16}" + (f"{'traced':>9}" if traced else "")
+                     + f"{'formula':>9}")
+        for kind in kinds + ["total"]:
+            row = f"  {kind:<16}"
+            if traced is not None:
+                row += _gib_cell(traced.get(kind))
+            lines.append(row + _gib_cell(formula.get(kind)))
+        verdict = "fits" if r["fits"] else "DOES NOT FIT"
+        lines[-1] += (f"   of {r['device_bytes'] / _GIB:.0f}: {verdict}"
+                      + (f" (traced / formula {r['traced_over_formula']:.2f})" if traced
+                         else " (formula; not traced)"))
         ratio = r["model_states_built_over_formula"]
-        built_states = mem["total"] - _activation_total(mem)
-        lines.append(f"  {'total':<20}{mem['total'] / _GIB:8.2f} GiB of "
-                     f"{r['device_bytes'] / _GIB:.0f}: "
-                     + ("fits" if r["fits"] else "DOES NOT FIT")
-                     + f"   (model states: built {built_states / _GIB:.2f} GiB, ZeRO formula "
+        built_states = sum(formula.get(k, 0) for k in
+                           ("parameters", "working", "gradients", "optimizer"))
+        lines.append(f"  model states: built {built_states / _GIB:.2f} GiB, ZeRO formula "
                      f"{r['formula_model_state_bytes'] / _GIB:.2f} GiB"
-                     + (f", ratio {ratio:.2f})" if ratio else ")"))
+                     + (f", ratio {ratio:.2f}" if ratio else ""))
         if r["host_bytes"]:
             lines.append(f"  + {r['host_bytes'] / _GIB:.2f} GiB in host memory (offload)")
     parts = ", ".join(f"{k} {v:.1f}" for k, v in result["step_parts_s"].items())
@@ -157,8 +205,8 @@ def format_plan(result: dict) -> str:
     return "\n".join(lines)
 
 
-def _activation_total(memory: dict) -> int:
-    return sum(memory.get(k, 0) for k in ("activations", "recompute_workspace", "logits"))
+def _gib_cell(value) -> str:
+    return f"{value / _GIB:9.2f}" if value else f"{'-':>9}"
 
 
 def gpu_from_options(name: str, settings: list[str]) -> Device:

@@ -39,6 +39,9 @@ the device's model-state total to which an activation estimate is added.
 
 from __future__ import annotations
 
+import contextlib
+import copy
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -47,7 +50,7 @@ from bloomline.common.errors import UserError
 from bloomline.trainer.config import Config
 from bloomline.trainer.plan.fake_world import fake_world
 
-__all__ = ["RankPlan", "build_rank", "plan_rank"]
+__all__ = ["BuiltRank", "RankPlan", "build_rank", "built_rank", "plan_rank", "planned_config"]
 
 FP32_BYTES = 4
 ADAM_STATES = 2  # exp_avg and exp_avg_sq, in the parameter's dtype (fp32), for AdamW and LAMB
@@ -158,12 +161,88 @@ def _resolve_vocab(cfg: Config) -> None:
     resolve_vocab(cfg)
 
 
-def build_rank(cfg: Config, world_size: int, rank: int) -> RankPlan:
+@dataclass
+class BuiltRank:
+    """A rank as ``built_rank`` leaves it, inside its fake world: the layout, the mesh, the
+    model (a pipeline rank's pruned stages), the modules the rank runs (``chunks``: the model,
+    or one per local pipeline stage), the optimizer, the stage partition and, under pp, the
+    ``Pipeline``."""
+
+    cfg: Config
+    layout: object
+    mesh: object
+    model: torch.nn.Module
+    chunks: list
+    optimizer: object
+    stage_layers: list
+    stages: tuple[int, ...]
+    pipeline: object = None
+
+
+def planned_config(cfg: Config, target: str) -> Config:
+    """A copy of ``cfg`` with what depends on the device resolved for a run on ``target``
+    (``cuda`` or ``cpu``): ``precision.dtype`` ``auto`` (bf16 on a GPU), ``model.attention``
+    ``auto``; and ``train.compile`` off (inductor cannot compile fake tensors; the memory of
+    a compiled block is the same)."""
+    from bloomline.trainer.model.attention import resolve_kernel
+    from bloomline.trainer.precision import resolve_dtype
+
+    cfg = copy.deepcopy(cfg)
+    device = torch.device(target)
+    if target == "cuda":
+        if cfg.precision.dtype == "auto":
+            cfg.precision.dtype = "bf16"  # every GPU the planner knows computes bf16 natively
+    else:
+        resolve_dtype(cfg.precision, device)
+    cfg.model.attention = resolve_kernel(cfg.model.attention, device)
+    cfg.train.compile = False  # inductor cannot compile fake tensors; the memory is the same
+    return cfg
+
+
+@contextlib.contextmanager
+def _fake_tensors() -> Iterator[None]:
+    """FakeTensorMode for a rank's build and step. Real tensors reach it from the device
+    mesh, whose rank grid ``replicate`` reads, hence ``allow_non_fake_inputs``."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(allow_non_fake_inputs=True), _real_mesh_arithmetic():
+        yield
+
+
+@contextlib.contextmanager
+def _real_mesh_arithmetic() -> Iterator[None]:
+    """DeviceMeshes made under FakeTensorMode (FSDP2's ``replicate`` makes one) compute their
+    rank grid with real tensors, as torch's own mesh slicing does: a fake grid has no
+    values to find this rank's coordinates in."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.distributed.device_mesh import DeviceMesh
+
+    original = DeviceMesh.__init__
+
+    def init(self, *args, **kwargs):
+        with unset_fake_temporarily():
+            original(self, *args, **kwargs)
+
+    DeviceMesh.__init__ = init
+    try:
+        yield
+    finally:
+        DeviceMesh.__init__ = original
+
+
+@contextlib.contextmanager
+def built_rank(cfg: Config, world_size: int, rank: int, fake: bool = False,
+               target: str = "cuda") -> Iterator[BuiltRank]:
     """Build rank ``rank`` of a ``world_size``-process run of ``cfg`` (loaded with
-    ``load_trainer_config``, overrides applied) on the meta device under ``fake_world`` and
-    report what it holds. Raises UserError for a layout the trainer would refuse (the same
-    checks, the same messages, as ``trainer pretrain``). ``cfg`` may be completed in place
-    (a vocabulary of 0 resolved from the tokenizer), as the trainer does."""
+    ``load_trainer_config``, overrides applied) under ``fake_world`` and yield it; the fake
+    process group lives until the block ends. ``fake`` False: the GPT is built on the meta
+    device (no storage at all); True: everything is built under torch's ``FakeTensorMode``,
+    whose tensors have sizes and devices but no data, so that a step can run on them
+    (``traced_step``). Raises UserError for a layout the trainer would refuse (the same checks,
+    the same messages, as ``trainer pretrain``). ``cfg`` may be completed in place (a
+    vocabulary of 0 resolved from the tokenizer), as the trainer does; the rank is built
+    from a copy with the device-dependent settings resolved for ``target``
+    (``planned_config``), which ``BuiltRank.cfg`` holds."""
     from bloomline.trainer.config import validate
     from bloomline.trainer.forward_backward import loss_functions
     from bloomline.trainer.model import GPT
@@ -178,33 +257,50 @@ def build_rank(cfg: Config, world_size: int, rank: int) -> RankPlan:
     layout = resolve_layout(cfg, world_size, rank)  # every layout rule, before any group
     validate(cfg, layout.dp)
     _resolve_vocab(cfg)
+    cfg = planned_config(cfg, target)
     layout = resolve_layout(cfg, world_size, rank)  # again: the vocabulary is known
-    device = torch.device("cpu")  # the mesh's device type; the tensors stay meta
+    device = torch.device("cpu")  # the mesh's device type; the tensors stay meta or fake
+    if fake:
+        tensors, model_tensors = _fake_tensors(), contextlib.nullcontext()
+    else:
+        tensors, model_tensors = contextlib.nullcontext(), torch.device("meta")
     with fake_world(world_size, rank):
-        mesh = build_mesh(layout, device)
-        with torch.device("meta"):
-            model = GPT(cfg.model)
-        if layout.pp > 1:
-            loss_fn, loss_context = loss_functions(cfg.train.compile, layout.tp)
-            pipeline = build_pipeline(model, mesh, layout, cfg, device, loss_fn, loss_context)
-            model = pipeline.model
-            stage_layers = pipeline.layers
-            stages = tuple(pipeline.stage_ids)
-            chunks = pipeline.chunks
-        else:
-            stage_layers = uniform_split(cfg.model.num_layers, 1)
-            stages = (0,)
-            parallelize(model, mesh, layout, cfg)
-            chunks = [model]
-        optimizer = build_optimizer(model, cfg.optimizer)
-        if layout.dp > 1 and cfg.parallel.zero_stage == 1:
-            optimizer = shard_optimizer_state(optimizer, mesh["dp"])
-        plan = _measure(cfg, layout, model, chunks, optimizer, stage_layers, stages)
-    return plan
+        mesh = build_mesh(layout, device)  # of real tensors: DeviceMesh reads their values
+        with tensors:
+            with model_tensors:
+                model = GPT(cfg.model)
+            pipeline = None
+            if layout.pp > 1:
+                loss_fn, loss_context = loss_functions(cfg.train.compile, layout.tp)
+                pipeline = build_pipeline(model, mesh, layout, cfg, device, loss_fn,
+                                          loss_context)
+                model = pipeline.model
+                stage_layers = pipeline.layers
+                stages = tuple(pipeline.stage_ids)
+                chunks = pipeline.chunks
+            else:
+                stage_layers = uniform_split(cfg.model.num_layers, 1)
+                stages = (0,)
+                parallelize(model, mesh, layout, cfg)
+                chunks = [model]
+            optimizer = build_optimizer(model, cfg.optimizer)
+            if layout.dp > 1 and cfg.parallel.zero_stage == 1:
+                optimizer = shard_optimizer_state(optimizer, mesh["dp"])
+            yield BuiltRank(cfg, layout, mesh, model, chunks, optimizer, stage_layers, stages,
+                            pipeline)
 
 
-def _measure(cfg, layout, model, chunks, optimizer, stage_layers, stages) -> RankPlan:
+def build_rank(cfg: Config, world_size: int, rank: int) -> RankPlan:
+    """What rank ``rank`` of a ``world_size`` run of ``cfg`` holds, built on the meta device
+    (``built_rank``); UserError for a layout the trainer would refuse."""
+    with built_rank(cfg, world_size, rank) as built:
+        return _measure(built)
+
+
+def _measure(built: BuiltRank) -> RankPlan:
     """The RankPlan of a built rank: shard sizes read off its parameters and optimizer."""
+    cfg, layout, model, chunks = built.cfg, built.layout, built.model, built.chunks
+    optimizer, stage_layers, stages = built.optimizer, built.stage_layers, built.stages
     zero, pp = cfg.parallel.zero_stage, layout.pp
     params = list(model.parameters())
     local = sum(_local(p).numel() for p in params)
