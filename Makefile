@@ -10,7 +10,7 @@ DEMO   := build/demo
 STAMP     := $(VENV)/.installed-dev
 STAMP_CMP := $(VENV)/.installed-compat
 
-.PHONY: demo test lint bench-tokenize bench-tokenize-cluster bench-readers bench-build-index bench-inspect bench-train bench-step-parts bench-parallel bench-checkpoint clean
+.PHONY: demo test lint bench-tokenize bench-tokenize-cluster bench-readers bench-build-index bench-inspect bench-train bench-step-parts bench-parallel bench-checkpoint gpu-check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -82,6 +82,11 @@ bench-parallel: $(STAMP)
 # checkpoint stall: sync save vs async (DCP async_save + manifest), against disk and copy limits
 bench-checkpoint: $(STAMP)
 	$(BIN)/python -m benchmarks.checkpoint
+
+# on NVIDIA GPUs: flex attention's backward, a bf16 350m run, NCCL dp2/tp2, throughput vs the plan
+# (exits 2 with one line without a GPU)
+gpu-check: $(STAMP)
+	$(BIN)/python -m benchmarks.gpu_check
 
 clean:
 	rm -rf build $(VENV)
