@@ -4,8 +4,16 @@ The recipe's model, micro-batch and sequence length, bf16, on the demo corpus, f
 :data:`STEPS` optimizer steps of one micro-batch each (the first compiles the attention
 kernel; the later ones give the step time). It checks what a first GPU run can get wrong
 before any throughput matters: the command exits 0, every step logs a finite loss, the first
-loss is that of an untrained model (near ln(vocabulary): :data:`INIT_BAND`), and the peak
-memory is reported.
+loss is not below ln(vocabulary) by more than :data:`FLOOR_MARGIN`, the loss falls by the last
+step, and the peak memory is reported.
+
+Why a floor and not a band around ln(vocabulary): an untrained model of this recipe does not
+predict uniformly. The head is tied to the embedding and the residual stream at init is mostly
+the (LayerNorm-ed) embedding of the input token, so the input token's own logit is about
+hidden_size x init std = sqrt(2 hidden_size / 5) (20 for 350m), the other logits near 0, and
+the first loss lies near that logit, far above ln V (measured on CPU: benchmarks/README.md).
+What no untrained model can do is beat the uniform guess: a first loss well below ln V means
+the labels leak into the inputs (unshifted labels score the copied token).
 
 Contract: :func:`check_one_step` returns one :class:`Row`; ``overrides`` go after the check's
 own (a CPU dry run of the plumbing: ``train.device=cpu data.seq_length=256``).
@@ -21,15 +29,12 @@ from pathlib import Path
 from benchmarks.gpu_check.results import FAIL, PASS, Row
 from benchmarks.gpu_check.trainer_runs import ensure_demo_corpus, pretrain
 
-__all__ = ["INIT_BAND", "STEPS", "check_one_step"]
+__all__ = ["FLOOR_MARGIN", "STEPS", "check_one_step"]
 
 STEPS = 3
-# The first loss minus ln(vocab): an untrained model's logits are not all zero (BLOOM's init
-# with a unit-variance final LayerNorm gives logits of std ~1, which adds about var/2), and the
-# demo corpus uses 8000 of the 50304 rows, which does not change an untrained model's loss.
-# A first loss outside this band means a wrong loss (mean over the wrong axis, a missing
-# shift of the labels, a vocab mismatch) or a broken init.
-INIT_BAND = (-0.5, 1.5)
+# how far below ln(vocabulary) the first loss may lie: the demo text is not uniform over the
+# 50304 rows (8000 are used), but an untrained model knows nothing of that
+FLOOR_MARGIN = 0.5
 
 
 def check_one_step(config: str = "configs/350m.toml", overrides: tuple[str, ...] = (),
@@ -49,7 +54,7 @@ def check_one_step(config: str = "configs/350m.toml", overrides: tuple[str, ...]
                 "data.split=98,2,0", *overrides]
     with tempfile.TemporaryDirectory(prefix="gpu_check_step_") as tmp:
         run = pretrain(config, Path(tmp) / "run", settings, timeout=timeout)
-    tolerance = f"loss1 - ln V in {INIT_BAND}"
+    tolerance = f"loss1 >= ln V - {FLOOR_MARGIN}; falls"
     if not run.ok:
         return Row(name, FAIL, tolerance=tolerance,
                    detail=f"exit {run.returncode}: {run.output_tail}")
@@ -67,8 +72,10 @@ def check_one_step(config: str = "configs/350m.toml", overrides: tuple[str, ...]
         problems.append(f"logged steps {[r['step'] for r in run.records]}")
     if not all(math.isfinite(x) for x in losses):
         problems.append("a non-finite loss")
-    if not INIT_BAND[0] <= excess <= INIT_BAND[1]:
-        problems.append(f"first loss {excess:+.2f} from ln V")
+    if excess < -FLOOR_MARGIN:
+        problems.append(f"first loss {excess:+.2f} from ln V: below uniform (labels leak?)")
+    if len(losses) > 1 and not losses[-1] < losses[0]:
+        problems.append("the loss did not fall")
     if memory <= 0:
         problems.append("no peak memory in metrics.jsonl")
     return Row(name, FAIL if problems else PASS, figures, tolerance, "; ".join(problems))
