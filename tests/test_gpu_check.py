@@ -133,6 +133,33 @@ def test_loss_comparison_of_two_metrics_files(tmp_path):
     assert train_records(tmp_path / "missing") == []
 
 
+def _steps(losses: list[float], memory: float = 7.9) -> list[dict]:
+    return [{"kind": "train", "step": i + 1, "loss": loss, "step_time_s": 0.2,
+             "memory_gb": memory, "seq_length": 2048, "global_batch_size": 8}
+            for i, loss in enumerate(losses)]
+
+
+@pytest.mark.parametrize("losses, memory, problem", [
+    ([18.6, 9.9, 9.5], 7.9, ""),  # the recipe's untrained model: far above ln V, then falls
+    ([2.1, 1.9, 1.8], 7.9, "below uniform"),  # labels leaking into the inputs
+    ([18.6, 18.7, 18.9], 7.9, "did not fall"),  # no update reaches the weights
+    ([18.6, float("nan"), 9.5], 7.9, "non-finite"),
+    ([18.6, 9.9, 9.5], 0.0, "no peak memory"),
+    ([18.6, 9.9], 7.9, "logged steps"),
+])
+def test_the_350m_run_is_judged_by_floor_fall_and_memory(losses, memory, problem):
+    """Catches: check b passing a run whose labels leak (a loss below the uniform guess),
+    whose loss never falls, is NaN, that logged no memory or stopped early; or failing the
+    recipe's real start (an untrained tied-embedding model copies its input token, so its
+    first loss lies far above ln V: 18.6 on CPU)."""
+    from benchmarks.gpu_check.step_check import judge
+
+    row = judge("b", _steps(losses, memory), 50304)
+    assert row.status == (FAIL if problem else PASS), row
+    assert problem in row.detail
+    assert "16,384 tokens/step" in row.figures
+
+
 def _script_summary() -> str:
     """The Python summary that gpu_throughput.sh runs on each finished run (its heredoc)."""
     text = (REPO / "benchmarks" / "gpu_throughput.sh").read_text()

@@ -28,13 +28,15 @@ from pathlib import Path
 
 from benchmarks.gpu_check.results import FAIL, PASS, Row
 from benchmarks.gpu_check.trainer_runs import ensure_demo_corpus, pretrain
+from benchmarks.harness.paths import REPO
 
-__all__ = ["FLOOR_MARGIN", "STEPS", "check_one_step"]
+__all__ = ["FLOOR_MARGIN", "STEPS", "check_one_step", "judge"]
 
 STEPS = 3
 # how far below ln(vocabulary) the first loss may lie: the demo text is not uniform over the
 # 50304 rows (8000 are used), but an untrained model knows nothing of that
 FLOOR_MARGIN = 0.5
+TOLERANCE = f"loss1 >= ln V - {FLOOR_MARGIN}; falls"
 
 
 def check_one_step(config: str = "configs/350m.toml", overrides: tuple[str, ...] = (),
@@ -42,7 +44,7 @@ def check_one_step(config: str = "configs/350m.toml", overrides: tuple[str, ...]
     """Run ``config`` for :data:`STEPS` steps in a temporary run folder and judge it."""
     import tomllib
 
-    recipe = tomllib.loads(Path(config).read_text())
+    recipe = tomllib.loads((REPO / config).read_text())  # an absolute config stays itself
     micro = recipe["train"]["micro_batch_size"]
     vocab = recipe["model"]["vocab_size"]
     name = f"one bf16 run of {Path(config).stem}"
@@ -54,28 +56,33 @@ def check_one_step(config: str = "configs/350m.toml", overrides: tuple[str, ...]
                 "data.split=98,2,0", *overrides]
     with tempfile.TemporaryDirectory(prefix="gpu_check_step_") as tmp:
         run = pretrain(config, Path(tmp) / "run", settings, timeout=timeout)
-    tolerance = f"loss1 >= ln V - {FLOOR_MARGIN}; falls"
     if not run.ok:
-        return Row(name, FAIL, tolerance=tolerance,
+        return Row(name, FAIL, tolerance=TOLERANCE,
                    detail=f"exit {run.returncode}: {run.output_tail}")
-    losses = [r["loss"] for r in run.records]
-    first = run.records[0]
+    return judge(name, run.records, vocab)
+
+
+def judge(name: str, records: list[dict], vocab: int) -> Row:
+    """The row for a finished run's ``train`` records (``metrics.jsonl``), one per step."""
+    losses = [r["loss"] for r in records]
+    first = records[0]
     excess = first["loss"] - math.log(vocab)
-    later = [r["step_time_s"] for r in run.records[1:]] or [first["step_time_s"]]
-    memory = max(r.get("memory_gb") or 0.0 for r in run.records)
+    later = [r["step_time_s"] for r in records[1:]] or [first["step_time_s"]]
+    memory = max(r.get("memory_gb") or 0.0 for r in records)
+    tokens = first["seq_length"] * first["global_batch_size"]
     figures = (f"losses {', '.join(f'{x:.3f}' for x in losses)} (ln V {math.log(vocab):.3f}); "
                f"step {statistics.median(later):.3f} s after the first "
-               f"({first['step_time_s']:.1f} s), {first['seq_length'] * micro:,} tokens/step; "
+               f"({first['step_time_s']:.1f} s), {tokens:,} tokens/step; "
                f"peak memory {memory:.1f} GB")
     problems = []
-    if [r["step"] for r in run.records] != list(range(1, STEPS + 1)):
-        problems.append(f"logged steps {[r['step'] for r in run.records]}")
+    if [r["step"] for r in records] != list(range(1, STEPS + 1)):
+        problems.append(f"logged steps {[r['step'] for r in records]}")
     if not all(math.isfinite(x) for x in losses):
         problems.append("a non-finite loss")
-    if excess < -FLOOR_MARGIN:
+    elif excess < -FLOOR_MARGIN:
         problems.append(f"first loss {excess:+.2f} from ln V: below uniform (labels leak?)")
-    if len(losses) > 1 and not losses[-1] < losses[0]:
+    elif len(losses) > 1 and not losses[-1] < losses[0]:
         problems.append("the loss did not fall")
     if memory <= 0:
         problems.append("no peak memory in metrics.jsonl")
-    return Row(name, FAIL if problems else PASS, figures, tolerance, "; ".join(problems))
+    return Row(name, FAIL if problems else PASS, figures, TOLERANCE, "; ".join(problems))
