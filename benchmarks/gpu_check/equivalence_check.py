@@ -46,13 +46,15 @@ def _settings() -> list[str]:
             "optimizer.eps=1e-6"]
 
 
-def check_layouts(gpus: int, timeout: float = 1800) -> list[Row]:
-    """The one-GPU run and, with ``gpus >= 2``, each layout of :data:`LAYOUTS` against it."""
+def check_layouts(gpus: int, overrides: tuple[str, ...] = (),
+                  timeout: float = 1800) -> list[Row]:
+    """The one-GPU run and, with ``gpus >= 2``, each layout of :data:`LAYOUTS` against it.
+    ``overrides`` go after the check's own (a CPU dry run on gloo: ``train.device=cpu``)."""
     tolerance = f"loss rel {LOSS_RTOL:.0e} per step"
     if gpus < 2:
         return [Row(f"nccl {name} vs 1 GPU", SKIPPED, tolerance=tolerance,
                     detail=f"{gpus} GPU: needs 2") for name in LAYOUTS]
-    settings = _settings()
+    settings = [*_settings(), *overrides]
     rows = []
     with tempfile.TemporaryDirectory(prefix="gpu_check_layouts_") as tmp:
         one = pretrain(RECIPE, Path(tmp) / "one", settings, timeout=timeout)
