@@ -71,7 +71,7 @@ def check_flex_attention(device: str = "cuda", seq_lengths=(256, 1024), cases=CA
             # a fresh compilation per case: the compiled kernel would otherwise be reused
             # through guards, and past dynamo's recompile limit fall back to the uncompiled
             # path this check is not about
-            torch._dynamo.reset()
+            torch.compiler.reset()
             torch.manual_seed(0)
             eager = _layer("eager", heads, start, count, device)
             flex = _layer("flex", heads, start, count, device)
@@ -84,7 +84,7 @@ def check_flex_attention(device: str = "cuda", seq_lengths=(256, 1024), cases=CA
             error, where = _worst(_run(flex, x, cotangent, False, backward), reference)
             seconds = time.perf_counter() - began
             rows.append(Row(f"{label} fp32", PASS if error <= FP32_TOL else FAIL,
-                            f"worst {error:.1e} ({where}); {seconds:.0f} s with compile",
+                            f"worst {error:.1e} ({where}); {seconds:.0f} s, compilation included",
                             f"{FP32_TOL:.0e} of max|eager fp32|"))
             if bf16:
                 error, where = _worst(_run(flex, x, cotangent, True, backward), reference)

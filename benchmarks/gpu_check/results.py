@@ -49,12 +49,13 @@ def exit_code(rows: list[Row]) -> int:
 
 
 def format_table(rows: list[Row]) -> list[str]:
-    """The printed table: a header, a rule and one line per row (the detail, when there is
-    one, on the row's own line after the figures, so that columns stay narrow)."""
+    """The printed table: a header, a rule and one line per row, columns as wide as their
+    widest cell; the detail, when there is one, in parentheses after the figures."""
     width = max([len("check"), *(len(row.name) for row in rows)])
-    header = f"{'check':<{width}}  {'status':<7}  {'tolerance':<24}  figures"
+    tol = max([len("tolerance"), *(len(row.tolerance) for row in rows)])
+    header = f"{'check':<{width}}  {'status':<7}  {'tolerance':<{tol}}  figures"
     lines = [header, "-" * len(header)]
     for row in rows:
         text = row.figures + (f" ({row.detail})" if row.detail else "")
-        lines.append(f"{row.name:<{width}}  {row.status:<7}  {row.tolerance:<24}  {text}")
+        lines.append(f"{row.name:<{width}}  {row.status:<7}  {row.tolerance:<{tol}}  {text}")
     return lines
