@@ -1,5 +1,6 @@
-"""The parts of ``make gpu-check`` (``benchmarks/gpu_check/``) that run without a GPU: the
-no-GPU exit, the comparisons every check relies on, the device mapping, the result line of
+"""The parts of ``make gpu-check`` (``benchmarks/gpu_check.py`` and its checks in
+``benchmarks/gpu_checks/``) that run without a GPU: the no-GPU exit, the comparisons every
+check relies on, the device mapping, the judging of the 350m run, the result line of
 ``gpu_throughput.sh`` and the plan beside it, and FlexAttention's forward on CPU.
 
 The GPU paths themselves (flex backward, bf16 on CUDA, NCCL, the throughput runs) can only run
@@ -18,10 +19,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks.gpu_check.equivalence_check import check_layouts
-from benchmarks.gpu_check.plan_device import FALLBACK, plan_device
-from benchmarks.gpu_check.results import FAIL, PASS, SKIPPED, Row, exit_code, relative_error
-from benchmarks.gpu_check.trainer_runs import compare_losses, train_records
+from benchmarks.gpu_checks.equivalence_check import check_layouts
+from benchmarks.gpu_checks.plan_device import FALLBACK, plan_device
+from benchmarks.gpu_checks.results import FAIL, PASS, SKIPPED, Row, exit_code, relative_error
+from benchmarks.gpu_checks.trainer_runs import compare_losses, train_records
 from bloomline.trainer.plan.devices import DEVICES
 
 REPO = Path(__file__).resolve().parents[1]
@@ -152,7 +153,7 @@ def test_the_350m_run_is_judged_by_floor_fall_and_memory(losses, memory, problem
     whose loss never falls, is NaN, that logged no memory or stopped early; or failing the
     recipe's real start (an untrained tied-embedding model copies its input token, so its
     first loss lies far above ln V: 18.6 on CPU)."""
-    from benchmarks.gpu_check.step_check import judge
+    from benchmarks.gpu_checks.step_check import judge
 
     row = judge("b", _steps(losses, memory), 50304)
     assert row.status == (FAIL if problem else PASS), row
@@ -170,7 +171,7 @@ def test_throughput_result_line_and_the_plan_beside_it(tmp_path, monkeypatch):
     """Catches: gpu_throughput.sh's JSON line missing or renamed fields that check d reads,
     or check d asking ``trainer plan`` for another world size, batch or length than the run's
     (the ratio would compare different steps). A hand-made run folder of 350m on 8 GPUs."""
-    from benchmarks.gpu_check import throughput_check
+    from benchmarks.gpu_checks import throughput_check
 
     run = tmp_path / "350m.abcd"
     run.mkdir()
@@ -207,7 +208,7 @@ def test_flex_matches_eager_on_cpu_for_a_tensor_parallel_shard(monkeypatch):
     offset lost) or unable to fail: flex's forward on CPU (the backward is GPU-only) for
     heads 4..7 of 8 passes, and with the shard's slopes recomputed for its own 4 heads (the
     tensor-parallel bug ALiBi invites) it fails."""
-    from benchmarks.gpu_check.attention_check import check_flex_attention
+    from benchmarks.gpu_checks.attention_check import check_flex_attention
     from bloomline.trainer.model.alibi import AlibiPositions
 
     def run():

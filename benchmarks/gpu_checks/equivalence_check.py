@@ -16,8 +16,8 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from benchmarks.gpu_check.results import FAIL, PASS, SKIPPED, Row
-from benchmarks.gpu_check.trainer_runs import compare_losses, ensure_demo_corpus, pretrain
+from benchmarks.gpu_checks.results import FAIL, PASS, SKIPPED, Row
+from benchmarks.gpu_checks.trainer_runs import compare_losses, ensure_demo_corpus, pretrain
 
 __all__ = ["LAYOUTS", "LOSS_RTOL", "STEPS", "check_layouts"]
 

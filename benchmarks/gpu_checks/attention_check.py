@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from benchmarks.gpu_check.results import FAIL, PASS, Row, relative_error
+from benchmarks.gpu_checks.results import FAIL, PASS, Row, relative_error
 
 __all__ = ["BF16_TOL", "CASES", "FP32_TOL", "check_flex_attention"]
 

@@ -1,5 +1,5 @@
-"""``make gpu-check`` (``python -m benchmarks.gpu_check``): the checks a CPU cannot run, in one
-command on a machine with NVIDIA GPUs.
+"""The checks of ``make gpu-check`` (``python -m benchmarks.gpu_check``), which a CPU cannot run,
+one module each.
 
 - ``attention_check``: a. FlexAttention's ALiBi against the eager kernel, forward and backward,
   fp32 and bf16, whole head ranges and tensor-parallel shards.

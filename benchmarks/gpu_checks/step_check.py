@@ -26,8 +26,8 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from benchmarks.gpu_check.results import FAIL, PASS, Row
-from benchmarks.gpu_check.trainer_runs import ensure_demo_corpus, pretrain
+from benchmarks.gpu_checks.results import FAIL, PASS, Row
+from benchmarks.gpu_checks.trainer_runs import ensure_demo_corpus, pretrain
 from benchmarks.harness.paths import REPO
 
 __all__ = ["FLOOR_MARGIN", "STEPS", "check_one_step", "judge"]

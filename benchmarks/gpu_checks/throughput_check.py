@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.gpu_check.results import FAIL, PASS, SKIPPED, Row
+from benchmarks.gpu_checks.results import FAIL, PASS, SKIPPED, Row
 from benchmarks.harness.paths import REPO
 
 __all__ = ["check_throughput", "plan_prediction"]
