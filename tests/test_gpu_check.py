@@ -152,7 +152,7 @@ def test_the_350m_run_is_judged_by_floor_fall_and_memory(losses, memory, problem
     """Catches: check b passing a run whose labels leak (a loss below the uniform guess),
     whose loss never falls, is NaN, that logged no memory or stopped early; or failing the
     recipe's real start (an untrained tied-embedding model copies its input token, so its
-    first loss lies far above ln V: 18.6 on CPU)."""
+    first loss lies far above ln V; benchmarks/README.md)."""
     from benchmarks.gpu_checks.step_check import judge
 
     row = judge("b", _steps(losses, memory), 50304)
