@@ -115,8 +115,8 @@ def _metrics(path: Path, losses: dict[int, float]) -> Path:
 
 def test_loss_comparison_of_two_metrics_files(tmp_path):
     """Catches: a layout comparison that cannot fail (records of other kinds compared, a
-    missing step ignored by zip, an absolute instead of a relative tolerance) or that fails
-    on roundoff."""
+    missing step ignored by zip, an absolute instead of a relative tolerance, the gradient
+    norm not compared) or that fails on roundoff."""
     reference = {1: 9.0123, 2: 8.5, 3: 7.9, 4: 7.25}
     one = train_records(_metrics(tmp_path / "one", reference))
     assert [r["step"] for r in one] == [1, 2, 3, 4]
@@ -131,6 +131,11 @@ def test_loss_comparison_of_two_metrics_files(tmp_path):
     assert "steps differ" in compare_losses(short, one, 1e-4).problem
     nan = train_records(_metrics(tmp_path / "nan", {**reference, 2: float("nan")}))
     assert compare_losses(nan, one, 1e-4).problem is not None
+    for record in off:
+        record["grad_norm"] = 2.0 * record["loss"]  # gradients summed, not averaged
+    for record in one:
+        record["grad_norm"] = record["loss"]
+    assert "grad_norm" in compare_losses(off, one, 1e-4, key="grad_norm").problem
     assert train_records(tmp_path / "missing") == []
 
 

@@ -4,8 +4,8 @@ The CPU tests prove the layouts on gloo; here the same trainer runs them on GPUs
 collectives are NCCL's and the kernels cuBLAS's and FlexAttention's. Three runs of the tiny
 recipe (``configs/tiny-cpu.toml``'s shape) in fp32 for :data:`STEPS` steps: one GPU, then
 ``trainer pretrain --nproc 2`` with ``parallel.data_parallel=2`` and with
-``parallel.tensor_parallel=2``; each 2-GPU run's per-step losses (its ``metrics.jsonl``) must
-be within :data:`LOSS_RTOL` of the one-GPU run's.
+``parallel.tensor_parallel=2``; each 2-GPU run's per-step losses and gradient norms (its
+``metrics.jsonl``) must be within :data:`LOSS_RTOL` of the one-GPU run's.
 
 Contract: :func:`check_layouts` returns one :class:`Row` per layout, ``skipped`` (with the
 reason) when fewer than 2 GPUs are visible.
@@ -26,8 +26,8 @@ STEPS = 5
 # (tp halves the shapes), FlexAttention tiles by head count and NCCL sums in its own order,
 # all fp32 roundoff that compounds over the steps. A layout bug (a rank stepping on its own
 # half of the batch, a tp shard misplaced) changes the update itself, far above roundoff.
-# Not a check of: gradients summed instead of averaged over dp, which Adam's per-element
-# normalization hides from the loss (the CPU tests compare the gradient norms).
+# The gradient norm (before clipping) is compared too: gradients summed instead of averaged
+# over dp double it, while Adam's per-element normalization hides that from the loss.
 LOSS_RTOL = 1e-4
 LAYOUTS = {"dp2": "parallel.data_parallel=2", "tp2": "parallel.tensor_parallel=2"}
 RECIPE = "configs/tiny-cpu.toml"
@@ -52,7 +52,7 @@ def check_layouts(gpus: int, overrides: tuple[str, ...] = (),
                   timeout: float = 1800) -> list[Row]:
     """The one-GPU run and, with ``gpus >= 2``, each layout of :data:`LAYOUTS` against it.
     ``overrides`` go after the check's own (a CPU dry run on gloo: ``train.device=cpu``)."""
-    tolerance = f"loss rel {LOSS_RTOL:.0e} per step"
+    tolerance = f"loss, grad norm rel {LOSS_RTOL:.0e}"
     if gpus < 2:
         return [Row(f"nccl {name} vs 1 GPU", SKIPPED, tolerance=tolerance,
                     detail=f"{gpus} GPU: needs 2") for name in LAYOUTS]
@@ -73,10 +73,13 @@ def check_layouts(gpus: int, overrides: tuple[str, ...] = (),
                 rows.append(Row(label, FAIL, tolerance=tolerance,
                                 detail=f"exit {run.returncode}: {run.output_tail}"))
                 continue
-            result = compare_losses(run.records, one.records, LOSS_RTOL)
-            figures = (f"{len(run.records)} steps, worst {result.worst:.1e} at step "
-                       f"{result.worst_step}; last loss {run.records[-1]['loss']:.5f} vs "
+            loss = compare_losses(run.records, one.records, LOSS_RTOL)
+            norm = compare_losses(run.records, one.records, LOSS_RTOL, key="grad_norm")
+            figures = (f"{len(run.records)} steps, worst loss {loss.worst:.1e} (step "
+                       f"{loss.worst_step}), grad norm {norm.worst:.1e} (step "
+                       f"{norm.worst_step}); last loss {run.records[-1]['loss']:.5f} vs "
                        f"{one.records[-1]['loss']:.5f}")
-            rows.append(Row(label, FAIL if result.problem else PASS, figures, tolerance,
-                            result.problem or ""))
+            problems = [p for p in (loss.problem, norm.problem) if p]
+            rows.append(Row(label, FAIL if problems else PASS, figures, tolerance,
+                            "; ".join(problems)))
     return rows

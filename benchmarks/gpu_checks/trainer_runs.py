@@ -8,7 +8,8 @@ Contract: :func:`ensure_demo_corpus` builds ``build/demo`` offline with the comm
 ``benchmarks/gpu_throughput.sh`` uses when it has no token files and returns the overrides
 that point a recipe at it. :func:`pretrain` returns a :class:`Run` (exit status, the ``train``
 records of ``metrics.jsonl``, the end of the output). :func:`compare_losses` says whether two
-runs logged the same steps with losses within a relative tolerance.
+runs logged the same steps with losses (or another per-step value) within a relative
+tolerance.
 """
 
 from __future__ import annotations
@@ -100,9 +101,11 @@ class LossComparison:
     problem: str | None
 
 
-def compare_losses(got: list[dict], want: list[dict], rtol: float) -> LossComparison:
-    """Per-step losses of ``got`` against ``want`` (records as :func:`train_records` reads
-    them): the same logged steps, every loss finite, each within ``rtol`` of the reference."""
+def compare_losses(got: list[dict], want: list[dict], rtol: float,
+                   key: str = "loss") -> LossComparison:
+    """Per-step ``key`` (the loss, or e.g. ``grad_norm``) of ``got`` against ``want`` (records
+    as :func:`train_records` reads them): the same logged steps, every value finite, each
+    within ``rtol`` of the reference's."""
     got_steps, want_steps = [r["step"] for r in got], [r["step"] for r in want]
     if not want_steps:
         return LossComparison(math.inf, 0, "the reference logged no step")
@@ -110,13 +113,13 @@ def compare_losses(got: list[dict], want: list[dict], rtol: float) -> LossCompar
         return LossComparison(math.inf, 0, f"steps differ: {got_steps} vs {want_steps}")
     worst, worst_step = 0.0, want_steps[0]
     for mine, ref in zip(got, want, strict=True):
-        a, b = float(mine["loss"]), float(ref["loss"])
+        a, b = float(mine[key]), float(ref[key])
         if not (math.isfinite(a) and math.isfinite(b)):
-            return LossComparison(math.inf, ref["step"], f"step {ref['step']}: loss {a} vs {b}")
+            return LossComparison(math.inf, ref["step"], f"step {ref['step']}: {key} {a} vs {b}")
         error = abs(a - b) / abs(b)
         if error > worst:
             worst, worst_step = error, ref["step"]
     problem = None
     if worst > rtol:
-        problem = f"step {worst_step}: relative difference {worst:.2e} > {rtol:.0e}"
+        problem = f"step {worst_step}: {key} relative difference {worst:.2e} > {rtol:.0e}"
     return LossComparison(worst, worst_step, problem)
