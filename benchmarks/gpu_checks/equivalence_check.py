@@ -5,7 +5,8 @@ collectives are NCCL's and the kernels cuBLAS's and FlexAttention's. Three runs 
 recipe (``configs/tiny-cpu.toml``'s shape) in fp32 for :data:`STEPS` steps: one GPU, then
 ``trainer pretrain --nproc 2`` with ``parallel.data_parallel=2`` and with
 ``parallel.tensor_parallel=2``; each 2-GPU run's per-step losses and gradient norms (its
-``metrics.jsonl``) must be within :data:`LOSS_RTOL` of the one-GPU run's.
+``metrics.jsonl``) must be within :data:`LOSS_RTOL` and :data:`GRAD_NORM_RTOL` of the
+one-GPU run's.
 
 Contract: :func:`check_layouts` returns one :class:`Row` per layout, ``skipped`` (with the
 reason) when fewer than 2 GPUs are visible.
@@ -19,16 +20,20 @@ from pathlib import Path
 from benchmarks.gpu_checks.results import FAIL, PASS, SKIPPED, Row
 from benchmarks.gpu_checks.trainer_runs import compare_losses, ensure_demo_corpus, pretrain
 
-__all__ = ["LAYOUTS", "LOSS_RTOL", "STEPS", "check_layouts"]
+__all__ = ["GRAD_NORM_RTOL", "LAYOUTS", "LOSS_RTOL", "STEPS", "check_layouts"]
 
 STEPS = 5
 # The CPU tests hold these layouts to 1e-5 on gloo; on GPUs cuBLAS picks algorithms by shape
 # (tp halves the shapes), FlexAttention tiles by head count and NCCL sums in its own order,
 # all fp32 roundoff that compounds over the steps. A layout bug (a rank stepping on its own
 # half of the batch, a tp shard misplaced) changes the update itself, far above roundoff.
-# The gradient norm (before clipping) is compared too: gradients summed instead of averaged
-# over dp double it, while Adam's per-element normalization hides that from the loss.
 LOSS_RTOL = 1e-4
+# The gradient norm (before clipping) is compared too: gradients summed instead of averaged
+# over dp double it, while Adam's per-element normalization hides that from the loss. Looser:
+# in this recipe tp2's norm differs from one process's by about LOSS_RTOL already on gloo
+# (the vocabulary-parallel loss against the fused one; benchmarks/README.md), and a doubled
+# norm is 1.0 off.
+GRAD_NORM_RTOL = 1e-3
 LAYOUTS = {"dp2": "parallel.data_parallel=2", "tp2": "parallel.tensor_parallel=2"}
 RECIPE = "configs/tiny-cpu.toml"
 
@@ -52,7 +57,7 @@ def check_layouts(gpus: int, overrides: tuple[str, ...] = (),
                   timeout: float = 1800) -> list[Row]:
     """The one-GPU run and, with ``gpus >= 2``, each layout of :data:`LAYOUTS` against it.
     ``overrides`` go after the check's own (a CPU dry run on gloo: ``train.device=cpu``)."""
-    tolerance = f"loss, grad norm rel {LOSS_RTOL:.0e}"
+    tolerance = f"rel: loss {LOSS_RTOL:.0e}, grad norm {GRAD_NORM_RTOL:.0e}"
     if gpus < 2:
         return [Row(f"nccl {name} vs 1 GPU", SKIPPED, tolerance=tolerance,
                     detail=f"{gpus} GPU: needs 2") for name in LAYOUTS]
@@ -74,7 +79,7 @@ def check_layouts(gpus: int, overrides: tuple[str, ...] = (),
                                 detail=f"exit {run.returncode}: {run.output_tail}"))
                 continue
             loss = compare_losses(run.records, one.records, LOSS_RTOL)
-            norm = compare_losses(run.records, one.records, LOSS_RTOL, key="grad_norm")
+            norm = compare_losses(run.records, one.records, GRAD_NORM_RTOL, key="grad_norm")
             figures = (f"{len(run.records)} steps, worst loss {loss.worst:.1e} (step "
                        f"{loss.worst_step}), grad norm {norm.worst:.1e} (step "
                        f"{norm.worst_step}); last loss {run.records[-1]['loss']:.5f} vs "
