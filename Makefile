@@ -83,8 +83,7 @@ bench-parallel: $(STAMP)
 bench-checkpoint: $(STAMP)
 	$(BIN)/python -m benchmarks.checkpoint
 
-# on NVIDIA GPUs: flex attention's backward, a bf16 350m run, NCCL dp2/tp2, throughput vs the plan
-# (exits 2 with one line without a GPU)
+# what CPU cannot check (flex backward, bf16 350m, NCCL dp2/tp2, throughput vs plan); no GPU: exit 2
 gpu-check: $(STAMP)
 	$(BIN)/python -m benchmarks.gpu_check
 

@@ -67,10 +67,10 @@ def check_throughput(gpu: str, note: str = "", overrides: tuple[str, ...] = (),
     with tempfile.TemporaryDirectory(prefix="gpu_check_throughput_") as tmp:
         results = Path(tmp) / "results.jsonl"
         env = dict(os.environ, RESULTS=str(results), BIN=str(Path(sys.executable).parent))
+        # its table goes straight to the terminal as it prints it (the runs take minutes);
+        # stderr is kept for the one line of its no-GPU exit
         done = subprocess.run(["bash", str(SCRIPT), *overrides], cwd=REPO, env=env,
-                              capture_output=True, text=True, timeout=timeout)
-        # the script's own table, as it printed it
-        print(done.stdout, end="")
+                              stderr=subprocess.PIPE, text=True, timeout=timeout)
         print(done.stderr, end="", file=sys.stderr)
         measured = [json.loads(line) for line in results.read_text().splitlines()] \
             if results.is_file() else []
