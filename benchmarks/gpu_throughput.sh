@@ -6,7 +6,8 @@
 # data parallel over them, unless overridden) for STEPS optimizer steps at the recipe's
 # micro-batch, global batch and sequence length, on the demo corpus (built here offline with
 # the dataprep commands of `make demo` when build/demo/corpus has no token files; the
-# recipe's model vocabulary of 50304 covers the demo tokenizer's 8000). No evaluation, no
+# recipe's model vocabulary of 50304 covers the demo tokenizer's 8000; split 98,2,0: the
+# recipes' 1/1000 test share of the small demo corpus holds no sample). No evaluation, no
 # activation stats, no TensorBoard; the run folder goes to a temporary directory that is deleted
 # afterwards (the trainer writes a final checkpoint: ~16 GB for 1.3B, so keep the disk free).
 # From the run's metrics.jsonl it prints the median over the logged windows after the first
