@@ -230,3 +230,31 @@ def test_flex_matches_eager_on_cpu_for_a_tensor_parallel_shard(monkeypatch):
     monkeypatch.setattr(AlibiPositions, "score_mod", own_count)
     (row,) = run()
     assert row.status == FAIL, row
+
+
+def test_a_check_that_raises_fails_its_row_and_the_others_still_run(monkeypatch, capsys):
+    """Catches: one check's exception (a compile error, a missing file) ending the whole run
+    without the table, or hiding the other checks' rows; and --only/--skip not honoured. The
+    GPU and the checks are stand-ins: this is the driver's logic only."""
+    from types import SimpleNamespace
+
+    from benchmarks import gpu_check
+
+    props = SimpleNamespace(name="NVIDIA H100 80GB HBM3", total_memory=80 * 2**30)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: props)
+    ran = []
+
+    def fake(letter, args, gpu, note, gpus):
+        ran.append((letter, gpu, gpus))
+        if letter == "b":
+            raise RuntimeError("compile failed")
+        return [Row(letter, PASS)]
+
+    monkeypatch.setattr(gpu_check, "_run_check", fake)
+    result = gpu_check.measure(gpu_check.parse_args(["--skip", "d"]))
+    assert ran == [("a", "h100-80gb", 1), ("b", "h100-80gb", 1), ("c", "h100-80gb", 1)]
+    assert [row.status for row in result["rows"]] == [PASS, FAIL, PASS]
+    assert "compile failed" in result["rows"][1].detail
+    assert gpu_check.report(result) == 1
+    assert "compile failed" in capsys.readouterr().out.splitlines()[-2]
