@@ -10,7 +10,7 @@ DEMO   := build/demo
 STAMP     := $(VENV)/.installed-dev
 STAMP_CMP := $(VENV)/.installed-compat
 
-.PHONY: demo test lint bench-tokenize bench-tokenize-cluster bench-readers bench-build-index bench-inspect bench-train bench-step-parts bench-parallel bench-checkpoint clean
+.PHONY: demo test lint bench-tokenize bench-tokenize-cluster bench-readers bench-build-index bench-inspect bench-train bench-step-parts bench-parallel bench-checkpoint gpu-check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -82,6 +82,10 @@ bench-parallel: $(STAMP)
 # checkpoint stall: sync save vs async (DCP async_save + manifest), against disk and copy limits
 bench-checkpoint: $(STAMP)
 	$(BIN)/python -m benchmarks.checkpoint
+
+# what CPU cannot check (flex backward, bf16 350m, NCCL dp2/tp2, throughput vs plan); no GPU: exit 2
+gpu-check: $(STAMP)
+	$(BIN)/python -m benchmarks.gpu_check
 
 clean:
 	rm -rf build $(VENV)

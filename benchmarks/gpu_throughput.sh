@@ -6,7 +6,8 @@
 # data parallel over them, unless overridden) for STEPS optimizer steps at the recipe's
 # micro-batch, global batch and sequence length, on the demo corpus (built here offline with
 # the dataprep commands of `make demo` when build/demo/corpus has no token files; the
-# recipe's model vocabulary of 50304 covers the demo tokenizer's 8000). No evaluation, no
+# recipe's model vocabulary of 50304 covers the demo tokenizer's 8000; split 98,2,0: the
+# recipes' 1/1000 test share of the small demo corpus holds no sample). No evaluation, no
 # activation stats, no TensorBoard; the run folder goes to a temporary directory that is deleted
 # afterwards (the trainer writes a final checkpoint: ~16 GB for 1.3B, so keep the disk free).
 # From the run's metrics.jsonl it prints the median over the logged windows after the first
@@ -18,18 +19,21 @@
 # Usage: benchmarks/gpu_throughput.sh [section.key=value ...]   (overrides for both recipes)
 #   STEPS=12 WARMUP=4 LOG=2 CONFIGS="configs/350m.toml configs/1b3.toml" NGPU=<all>
 #   GBS=<recipe's> KEEP=0 (1 keeps the run folders under build/gpu_throughput)
+#   RESULTS=<file>: also append one JSON line per recipe to it (what `make gpu-check` reads)
+#   BIN=<.venv/bin>: the environment's bin folder (python, torchrun, dataprep)
 # On a machine without an NVIDIA GPU (no nvidia-smi, no GPU listed, or a torch without CUDA)
 # it says so and exits with status 2 without running anything.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
-BIN="$ROOT/.venv/bin"
+BIN="${BIN:-$ROOT/.venv/bin}"
 STEPS="${STEPS:-12}"
 WARMUP="${WARMUP:-4}"
 LOG="${LOG:-2}"
 CONFIGS="${CONFIGS:-configs/350m.toml configs/1b3.toml}"
 KEEP="${KEEP:-0}"
+RESULTS="${RESULTS:-}"
 DEMO="$ROOT/build/demo"
 
 no_gpu() {
@@ -73,7 +77,7 @@ for config in $CONFIGS; do
             train.run_dir="$run" train.global_batch_size="$gbs" \
             train.train_samples=$((STEPS * gbs)) train.log_interval="$LOG" \
             train.eval_interval=0 checkpoint.interval=0 checkpoint.resume=none \
-            schedule.warmup=0 \
+            schedule.warmup=0 data.split=98,2,0 \
             monitor.activation_stats_interval=0 monitor.tensorboard=false \
             "$@" >"$run/train.log" 2>&1; then
         echo "$name: the run failed; the end of its log:"
@@ -81,8 +85,8 @@ for config in $CONFIGS; do
         status=1
         continue
     fi
-    "$BIN/python" - "$run" "$NGPU" "$WARMUP" <<'EOF'
-import json, statistics, sys
+    RESULTS="$RESULTS" "$BIN/python" - "$run" "$NGPU" "$WARMUP" "$config" "$gbs" <<'EOF'
+import json, os, statistics, sys
 from pathlib import Path
 
 from bloomline.trainer.config import load_trainer_config
@@ -109,6 +113,13 @@ print(f"{run.name.split('.')[0]}: {info['parameters'] / 1e6:,.0f}M parameters, {
       f"peak memory {med('memory_gb'):.1f} GB; MFU {100 * mfu:.1f}% "
       f"({flops / 1e9:.2f} GFLOP/token, peak {info['peak_flops'] / 1e12:.0f} TFLOP/s per GPU; "
       f"metrics.jsonl mfu field {100 * med('mfu'):.1f}%)")
+if os.environ.get("RESULTS"):
+    with open(os.environ["RESULTS"], "a") as out:
+        out.write(json.dumps({
+            "config": sys.argv[4], "gpus": ngpu, "global_batch_size": int(sys.argv[5]),
+            "seq_length": seq, "windows": len(kept), "tokens_per_s": tokens,
+            "step_time_s": med("step_time_s"), "memory_gb": med("memory_gb"), "mfu": mfu,
+            "logged_mfu": med("mfu")}) + "\n")
 EOF
     if [ "$KEEP" != 1 ]; then rm -rf "$run"; fi
 done

@@ -1,0 +1,260 @@
+"""The parts of ``make gpu-check`` (``benchmarks/gpu_check.py`` and its checks in
+``benchmarks/gpu_checks/``) that run without a GPU: the no-GPU exit, the comparisons every
+check relies on, the device mapping, the judging of the 350m run, the result line of
+``gpu_throughput.sh`` and the plan beside it, and FlexAttention's forward on CPU.
+
+The GPU paths themselves (flex backward, bf16 on CUDA, NCCL, the throughput runs) can only run
+on a machine with NVIDIA GPUs: ``make gpu-check`` there.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from benchmarks.gpu_checks.equivalence_check import check_layouts
+from benchmarks.gpu_checks.plan_device import FALLBACK, plan_device
+from benchmarks.gpu_checks.results import FAIL, PASS, SKIPPED, Row, exit_code, relative_error
+from benchmarks.gpu_checks.trainer_runs import compare_losses, train_records
+from bloomline.trainer.plan.devices import DEVICES
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_without_a_gpu_it_exits_2_with_one_line_and_runs_nothing():
+    """Catches: a machine without CUDA getting a traceback, a table of failures or a silent
+    exit 0 (a CI job would read "all passed"), or more than the one line that says why."""
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    done = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert done.stdout == ""
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("gpu_check: no usable CUDA GPU: torch ")
+
+
+def test_a_usage_error_is_not_mistaken_for_no_gpu():
+    """Catches: argparse's own exit status 2 for a bad option, which a caller would read as
+    "no GPU here"."""
+    done = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--only", "x"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert "unknown check x" in done.stderr
+
+
+def test_relative_error_passes_equal_tensors_and_fails_a_perturbed_one():
+    """Catches: a comparison that cannot fail (a NaN that max() skips, an error taken
+    relative to the perturbed tensor, broadcasting over mismatched shapes)."""
+    torch.manual_seed(0)
+    want = torch.randn(4, 32, 16)
+    assert relative_error(want.clone(), want) == 0.0
+    got = want.clone()
+    got[1, 2, 3] += 1e-3 * want.abs().max()
+    assert relative_error(got, want) == pytest.approx(1e-3, rel=1e-4)  # fp32 rounding
+    assert relative_error(got, want) > 1e-4  # the fp32 tolerance of check a rejects it
+    got[0, 0, 0] = float("nan")
+    assert relative_error(got, want) == math.inf
+    with pytest.raises(ValueError, match="shapes differ"):
+        relative_error(want[:2], want)
+
+
+def test_the_exit_status_fails_on_any_failure_but_not_on_a_skip():
+    """Catches: a skipped check (one GPU, no dp2) turning the run red, or a failure hidden
+    among passes."""
+    assert exit_code([Row("a", PASS), Row("c", SKIPPED)]) == 0
+    assert exit_code([Row("a", PASS), Row("b", FAIL), Row("c", SKIPPED)]) == 1
+
+
+def test_one_gpu_skips_the_layouts_without_running_them():
+    """Catches: dp2/tp2 launched on a single GPU (two ranks on one device) instead of the
+    "skipped: 1 GPU" row."""
+    rows = check_layouts(1)
+    assert [row.status for row in rows] == [SKIPPED, SKIPPED]
+    assert all("1 GPU" in row.detail for row in rows)
+
+
+@pytest.mark.parametrize("name, memory_gib, key", [
+    ("NVIDIA H100 80GB HBM3", 80, "h100-80gb"),
+    ("NVIDIA H100 PCIe", 80, "h100-80gb"),
+    ("NVIDIA H200", 141, "h200"),
+    ("NVIDIA A100-SXM4-80GB", 80, "a100-80gb"),
+    ("NVIDIA A100-SXM4-40GB", 40, "a100-40gb"),
+    ("NVIDIA A100-PCIE-40GB", 40, "a100-40gb"),
+])
+def test_gpu_names_map_to_the_plans_device_table(name, memory_gib, key):
+    """Catches: an H200 planned as an H100 (or the reverse), an A100 40GB planned with 80 GB,
+    or a key the planner's table does not have."""
+    got, note = plan_device(name, memory_gib * 2**30)
+    assert got == key and got in DEVICES
+    assert ("PCIe" in name) == bool(note)
+
+
+def test_an_unknown_gpu_is_planned_as_the_fallback_and_says_so():
+    """Catches: a GPU outside the table planned silently as another one."""
+    key, note = plan_device("NVIDIA L40S", 48 * 2**30)
+    assert key == FALLBACK and key in DEVICES
+    assert "L40S" in note and FALLBACK in note
+
+
+def _metrics(path: Path, losses: dict[int, float]) -> Path:
+    path.mkdir(parents=True)
+    lines = [json.dumps({"kind": "train", "step": step, "loss": loss})
+             for step, loss in losses.items()]
+    lines.insert(1, json.dumps({"kind": "thermometer", "step": 1, "loss": 99.0}))
+    (path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_loss_comparison_of_two_metrics_files(tmp_path):
+    """Catches: a layout comparison that cannot fail (records of other kinds compared, a
+    missing step ignored by zip, an absolute instead of a relative tolerance, the gradient
+    norm not compared) or that fails on roundoff."""
+    reference = {1: 9.0123, 2: 8.5, 3: 7.9, 4: 7.25}
+    one = train_records(_metrics(tmp_path / "one", reference))
+    assert [r["step"] for r in one] == [1, 2, 3, 4]
+    close = train_records(_metrics(tmp_path / "close",
+                                   {s: x * (1 + 2e-5) for s, x in reference.items()}))
+    result = compare_losses(close, one, 1e-4)
+    assert result.problem is None and result.worst == pytest.approx(2e-5, rel=1e-3)
+    off = train_records(_metrics(tmp_path / "off", {**reference, 3: 7.9 * 1.001}))
+    result = compare_losses(off, one, 1e-4)
+    assert result.worst_step == 3 and "step 3" in result.problem
+    short = train_records(_metrics(tmp_path / "short", {1: 9.0123, 2: 8.5, 3: 7.9}))
+    assert "steps differ" in compare_losses(short, one, 1e-4).problem
+    nan = train_records(_metrics(tmp_path / "nan", {**reference, 2: float("nan")}))
+    assert compare_losses(nan, one, 1e-4).problem is not None
+    for record in off:
+        record["grad_norm"] = 2.0 * record["loss"]  # gradients summed, not averaged
+    for record in one:
+        record["grad_norm"] = record["loss"]
+    assert "grad_norm" in compare_losses(off, one, 1e-4, key="grad_norm").problem
+    assert train_records(tmp_path / "missing") == []
+
+
+def _steps(losses: list[float], memory: float = 7.9) -> list[dict]:
+    return [{"kind": "train", "step": i + 1, "loss": loss, "step_time_s": 0.2,
+             "memory_gb": memory, "seq_length": 2048, "global_batch_size": 8}
+            for i, loss in enumerate(losses)]
+
+
+@pytest.mark.parametrize("losses, memory, problem", [
+    ([18.6, 9.9, 9.5], 7.9, ""),  # the recipe's untrained model: far above ln V, then falls
+    ([2.1, 1.9, 1.8], 7.9, "below uniform"),  # labels leaking into the inputs
+    ([18.6, 18.7, 18.9], 7.9, "did not fall"),  # no update reaches the weights
+    ([18.6, float("nan"), 9.5], 7.9, "non-finite"),
+    ([18.6, 9.9, 9.5], 0.0, "no peak memory"),
+    ([18.6, 9.9], 7.9, "logged steps"),
+])
+def test_the_350m_run_is_judged_by_floor_fall_and_memory(losses, memory, problem):
+    """Catches: check b passing a run whose labels leak (a loss below the uniform guess),
+    whose loss never falls, is NaN, that logged no memory or stopped early; or failing the
+    recipe's real start (an untrained tied-embedding model copies its input token, so its
+    first loss lies far above ln V; benchmarks/README.md)."""
+    from benchmarks.gpu_checks.step_check import judge
+
+    row = judge("b", _steps(losses, memory), 50304)
+    assert row.status == (FAIL if problem else PASS), row
+    assert problem in row.detail
+    assert "16,384 tokens/step" in row.figures
+
+
+def _script_summary() -> str:
+    """The Python summary that gpu_throughput.sh runs on each finished run (its heredoc)."""
+    text = (REPO / "benchmarks" / "gpu_throughput.sh").read_text()
+    return text.split("<<'EOF'\n", 1)[1].split("\nEOF\n", 1)[0]
+
+
+def test_throughput_result_line_and_the_plan_beside_it(tmp_path, monkeypatch):
+    """Catches: gpu_throughput.sh's JSON line missing or renamed fields that check d reads,
+    or check d asking ``trainer plan`` for another world size, batch or length than the run's
+    (the ratio would compare different steps). A hand-made run folder of 350m on 8 GPUs."""
+    from benchmarks.gpu_checks import throughput_check
+
+    run = tmp_path / "350m.abcd"
+    run.mkdir()
+    records = [{"kind": "train", "step": s, "tokens_per_s": 4e5, "step_time_s": 1.31,
+                "memory_gb": 30.0, "mfu": 0.4, "seq_length": 2048} for s in (2, 4, 6)]
+    (run / "metrics.jsonl").write_text("\n".join(map(json.dumps, records)) + "\n")
+    (run / "run_info.json").write_text(json.dumps({"parameters": 3.5e8, "layout": "dp8",
+                                                   "peak_flops": 989e12}))
+    (run / "config.toml").write_text((REPO / "configs" / "350m.toml").read_text())
+    results = tmp_path / "results.jsonl"
+    done = subprocess.run([sys.executable, "-", str(run), "8", "2", "configs/350m.toml", "256"],
+                          input=_script_summary(), env=dict(os.environ, RESULTS=str(results)),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "400,000 tokens/s" in done.stdout  # the human line stays
+    (line,) = results.read_text().splitlines()
+    measured = json.loads(line)
+    assert measured["windows"] == 2  # steps after WARMUP 2
+    asked = []
+
+    def plan(config, gpus, gpu, overrides):
+        asked.append((config, gpus, gpu, overrides))
+        return {"step_time_s": 1.0, "tokens_per_s": 5.2e5, "mfu": 0.5}
+
+    monkeypatch.setattr(throughput_check, "plan_prediction", plan)
+    row = throughput_check._row(measured, "h100-80gb", "", [])
+    assert asked == [("configs/350m.toml", 8, "h100-80gb",
+                      ["train.global_batch_size=256", "data.seq_length=2048"])]
+    assert row.status == PASS and "measured/plan step time 1.31" in row.figures
+
+
+def test_flex_matches_eager_on_cpu_for_a_tensor_parallel_shard(monkeypatch):
+    """Catches: check a failing to compare what it says (weights not shared, the shard's head
+    offset lost) or unable to fail: flex's forward on CPU (the backward is GPU-only) for
+    heads 4..7 of 8 passes, and with the shard's slopes recomputed for its own 4 heads (the
+    tensor-parallel bug ALiBi invites) it fails."""
+    from benchmarks.gpu_checks.attention_check import check_flex_attention
+    from bloomline.trainer.model.alibi import AlibiPositions
+
+    def run():
+        return check_flex_attention("cpu", (64,), cases=((8, 4, 4),), backward=False,
+                                    bf16=False, batch=1)
+
+    (row,) = run()
+    assert row.status == PASS, row
+    local = AlibiPositions.score_mod
+
+    def own_count(self, total, start, end, device):
+        return local(self, end - start, 0, end - start, device)
+
+    monkeypatch.setattr(AlibiPositions, "score_mod", own_count)
+    (row,) = run()
+    assert row.status == FAIL, row
+
+
+def test_a_check_that_raises_fails_its_row_and_the_others_still_run(monkeypatch, capsys):
+    """Catches: one check's exception (a compile error, a missing file) ending the whole run
+    without the table, or hiding the other checks' rows; and --only/--skip not honoured. The
+    GPU and the checks are stand-ins: this is the driver's logic only."""
+    from types import SimpleNamespace
+
+    from benchmarks import gpu_check
+
+    props = SimpleNamespace(name="NVIDIA H100 80GB HBM3", total_memory=80 * 2**30)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: props)
+    ran = []
+
+    def fake(letter, args, gpu, note, gpus):
+        ran.append((letter, gpu, gpus))
+        if letter == "b":
+            raise RuntimeError("compile failed")
+        return [Row(letter, PASS)]
+
+    monkeypatch.setattr(gpu_check, "_run_check", fake)
+    result = gpu_check.measure(gpu_check.parse_args(["--skip", "d"]))
+    assert ran == [("a", "h100-80gb", 1), ("b", "h100-80gb", 1), ("c", "h100-80gb", 1)]
+    assert [row.status for row in result["rows"]] == [PASS, FAIL, PASS]
+    assert "compile failed" in result["rows"][1].detail
+    assert gpu_check.report(result) == 1
+    assert "compile failed" in capsys.readouterr().out.splitlines()[-2]
