@@ -11,8 +11,9 @@ look before renting 384 GPUs. The step time, tokens/s, TFLOP/s per GPU and MFU a
 model's (``time_model``), for the whole layout.
 
 ``search_run`` (``--search``) ranks the layouts of the same model that fit by the time model
-(``search.py``). Not here yet: a traced training step under fake tensors with memory tracking
-(the activations are the formula's, not measured).
+(``search.py``), by the formulas only (a trace per candidate would take hours). With
+``trace`` (the default of ``trainer plan``) each chosen rank also runs one training step on
+fake tensors under torch's memory tracker (``traced_step``), whose peak decides ``fits``.
 """
 
 from __future__ import annotations
