@@ -72,11 +72,22 @@ def _local_bytes(tensor: torch.Tensor) -> int:
     return local.numel() * local.element_size()
 
 
+def _zero_formula(num_params: int, stage: int, dp: int, offload: bool) -> dict:
+    """The planner's ZeRO formula under memory.py's keys: offload puts it all on the host."""
+    from bloomline.trainer.plan.memory_formulas import zero_model_states
+
+    states = zero_model_states(num_params, stage, dp)
+    where, other = ("host", "device") if offload else ("device", "host")
+    short = {"parameters": "params", "gradients": "grads", "optimizer": "optim"}
+    return {**{f"{short[kind]}_{where}": value for kind, value in states.items()},
+            **{f"{name}_{other}": 0.0 for name in short.values()}}
+
+
 def _memory_case(parallel: dict) -> dict:
     """Model-state bytes at the end of forward, at the optimizer step and between steps, the
     formula, and the log record's figures."""
     from bloomline.trainer.loop import Trainer
-    from bloomline.trainer.parallel.memory import model_state_bytes, zero_model_state_bytes
+    from bloomline.trainer.parallel.memory import model_state_bytes
     from bloomline.trainer.reporting.monitor import Window
 
     trainer = Trainer(equivalence_config(**_sections(parallel=parallel)), log=lambda *_: None)
@@ -107,8 +118,8 @@ def _memory_case(parallel: dict) -> dict:
              for k in range(GBS // (MBS * dp))]
     result = trainer.train_step(micro, LR, activation_stats=True)
     seen["rest"] = model_state_bytes(trainer.model, trainer.optimizer, "cpu", offload)
-    seen["formula"] = zero_model_state_bytes(trainer.cfg.model.num_parameters(),
-                                             parallel["zero_stage"], dp, offload)
+    seen["formula"] = _zero_formula(trainer.cfg.model.num_parameters(),
+                                    parallel["zero_stage"], dp, offload)
     trainer.monitor.window = Window(start=0.0, tokens=1, samples=1, steps=1)
     record = trainer.monitor.train_record(result, LR, GBS, SEQ, trainer.state)
     seen["record"] = {k: v for k, v in record.items() if k.startswith("memory_")

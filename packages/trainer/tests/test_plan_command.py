@@ -60,7 +60,7 @@ def test_bloom_176b_plan_at_384_gpus_reports_each_rank_and_the_time_model():
 def test_the_same_model_on_one_tensor_parallel_rank_does_not_fit():
     """The bug: a planner that calls every layout fitting. BLOOM-176B with tp 1 (dp 32) holds
     four times the model states per rank: more than an 80 GB A100."""
-    plan = _plan("--rank", "0", "parallel.tensor_parallel=1")
+    plan = _plan("--rank", "0", "parallel.tensor_parallel=1", "parallel.sequence_parallel=false")
     assert plan["layout"]["tp"] == 1 and plan["layout"]["dp"] == 32
     assert not plan["ranks"][0]["fits"]
 

@@ -1,80 +1,128 @@
-"""The planner's two memory figures against a real run: for the tiny recipe, the peak memory
-of a real CPU training step (measured by torch's profiler from the allocator's events), the
-traced step's on fake tensors (``traced_step``) and the formulas' (``memory_formulas``)
-agree within 10%.
+"""The planner's two memory figures against real runs: the peak memory of a real CPU
+training step (measured by torch's profiler from the allocator's events), the traced step's
+on fake tensors (``traced_step``) and, for one process, the formulas' (``memory_formulas``)
+agree within 10% for the tiny recipe.
 
-The real step is the trainer's: the model built and parallelized as ``Trainer`` does (world
-1: activation checkpointing is the only transform), ``ForwardBackward`` over the step's
-micro-batches and the optimizer, one warm-up step first (so that the optimizer state exists,
-as in every later step). fp32, as on a CPU without a fast bf16 path, so that the test means
-the same on every machine.
+The real step is the trainer's: the rank built as ``Trainer.__init__`` builds it (mesh,
+``build_pipeline`` or ``parallelize``, ``build_optimizer``, ZeRO-1's
+``shard_optimizer_state``), then ``ForwardBackward`` over the step's micro-batches or, under
+pipelining, ``Pipeline.train_step`` (torch's 1F1B schedule over gloo), and the optimizer.
+One warm-up step first (the optimizer state exists in every later step). fp32, as on a CPU
+without a fast bf16 path, so that the test means the same on every machine.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 from pathlib import Path
 
 import pytest
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 from bloomline.trainer.config import load_trainer_config
-from bloomline.trainer.forward_backward import ForwardBackward, loss_functions
-from bloomline.trainer.model import GPT
-from bloomline.trainer.optim import build_optimizer
-from bloomline.trainer.parallel import parallelize, resolve_layout
+from bloomline.trainer.parallel.local_processes import run_distributed
 from bloomline.trainer.plan.memory_formulas import rank_memory
 from bloomline.trainer.plan.planner import formula_layout
 from bloomline.trainer.plan.rank_build import build_rank
-from bloomline.trainer.plan.traced_step import trace_step
-from bloomline.trainer.precision import Precision
+from bloomline.trainer.plan.traced_step import trace_ranks, trace_step
 
 TINY = Path(__file__).resolve().parents[3] / "configs" / "tiny-cpu.toml"
+BASE = ["model.vocab_size=8064", "precision.dtype=fp32"]
 
 
-def _measured_peak(cfg, scratch: Path) -> int:
-    """Peak bytes of live CPU tensors during one real training step of ``cfg`` (world 1)."""
+def _real_peak(overrides: list[str], world_size: int) -> int:
+    """Peak bytes of live CPU tensors during one real training step of this rank of the tiny
+    recipe with ``overrides`` (run inside ``run_distributed`` ranks, or alone for one)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from bloomline.trainer.forward_backward import ForwardBackward, loss_functions
+    from bloomline.trainer.model import GPT
+    from bloomline.trainer.optim import build_optimizer
+    from bloomline.trainer.parallel import (
+        build_mesh,
+        init_distributed,
+        parallelize,
+        resolve_layout,
+    )
+    from bloomline.trainer.parallel.data_parallel import shard_optimizer_state
+    from bloomline.trainer.parallel.pipeline import build_pipeline
+    from bloomline.trainer.precision import Precision
+
+    cfg = load_trainer_config(TINY, overrides)
+    device = torch.device("cpu")
+    layout = resolve_layout(cfg, world_size, int(os.environ.get("RANK", "0")))
+    init_distributed(cfg, device)
+    mesh = build_mesh(layout, device)
     torch.manual_seed(0)
     model = GPT(cfg.model)
-    parallelize(model, None, resolve_layout(cfg, 1, 0), cfg)
+    loss_fn, loss_context = loss_functions(False, layout.tp)
+    pipeline = None
+    if layout.pp > 1:
+        pipeline = build_pipeline(model, mesh, layout, cfg, device, loss_fn, loss_context)
+        model = pipeline.model
+    else:
+        parallelize(model, mesh, layout, cfg)
     optimizer = build_optimizer(model, cfg.optimizer)
-    precision = Precision(cfg.precision, torch.device("cpu"))
-    loss_fn, loss_context = loss_functions(False, 1)
-    step = ForwardBackward(model, precision, torch.device("cpu"), 1, loss_fn, loss_context,
-                           None)
-    count = cfg.train.global_batch_size // cfg.train.micro_batch_size
+    if layout.dp > 1 and cfg.parallel.zero_stage == 1:
+        optimizer = shard_optimizer_state(optimizer, mesh["dp"])
+    precision = Precision(cfg.precision, device)
+    dp_group = mesh["dp"].get_group() if layout.dp > 1 else None
+    step = ForwardBackward(model, precision, device, layout.tp, loss_fn, loss_context, dp_group)
+    count = cfg.train.global_batch_size // (layout.dp * cfg.train.micro_batch_size)
     shape = (cfg.train.micro_batch_size, cfg.data.seq_length + 1)
     batches = [torch.randint(0, cfg.model.vocab_size, shape) for _ in range(count)]
 
     def train_step():
-        step.run(batches)
-        optimizer.step()
+        if pipeline is not None:
+            pipeline.train_step(batches, 1e-4, optimizer, precision)
+        else:
+            step.run(batches)
+            optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
     train_step()
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True,
                  with_stack=True) as prof:
         train_step()
-    timeline = scratch / "memory.json"
-    prof.export_memory_timeline(str(timeline), device="cpu")
-    _times, sizes = json.loads(timeline.read_text())
+    with tempfile.TemporaryDirectory() as scratch:
+        timeline = Path(scratch) / "memory.json"
+        prof.export_memory_timeline(str(timeline), device="cpu")
+        _times, sizes = json.loads(timeline.read_text())
     return max(sum(row) for row in sizes)
 
 
 @pytest.mark.parametrize("recompute", ["none", "full"])
-def test_real_traced_and_formula_peaks_agree_within_10_percent(recompute, tmp_path):
+def test_one_process_real_traced_and_formula_peaks_agree_within_10_percent(recompute):
     """The bug: a traced step or a formula that misses what a real step holds (the
     optimizer state, the accumulated gradients during the second micro-batch, the fused
     loss's logits and gradients, the attention scores the CPU kernel stores), or counts what
     it does not (the recomputed block's activations at the same time as the logits)."""
-    cfg = load_trainer_config(TINY, ["model.vocab_size=8064", "precision.dtype=fp32",
-                                     "train.micro_batch_size=4", "train.global_batch_size=8",
-                                     f"parallel.activation_checkpoint={recompute}"])
-    measured = _measured_peak(cfg, tmp_path)
+    overrides = [*BASE, "train.micro_batch_size=4", "train.global_batch_size=8",
+                 f"parallel.activation_checkpoint={recompute}"]
+    cfg = load_trainer_config(TINY, overrides)
+    measured = _real_peak(overrides, 1)
     traced = trace_step(cfg, 1, 0, "cpu")
     formula = rank_memory(formula_layout(cfg, build_rank(cfg, 1, 0), "cpu"), 0)["total"]
     assert traced.attention == "eager" and traced.dtype == "fp32"
     assert traced.at_peak["optimizer"] > 0 and traced.at_peak["gradients"] > 0
     for name, value in (("traced", traced.peak_bytes), ("formula", formula)):
         assert value == pytest.approx(measured, rel=0.10), (name, value, measured)
+
+
+def test_three_dimensional_ranks_real_and_traced_peaks_agree_within_10_percent():
+    """The bug: a traced pipeline stage that holds the wrong micro-batches in flight, frees
+    the stage output the schedule keeps until backward (the last stage's logits), counts the
+    global-shape tensors DTensor uses to work out output shapes as allocations (a whole
+    vocabulary of logits on a tp rank), or misses ZeRO-1's sharded optimizer state and FSDP2's
+    working copies. pp2 x dp2 x tp2 with ZeRO-1: eight gloo processes running torch's 1F1B
+    schedule; the first rank of each stage compared."""
+    overrides = [*BASE, "parallel.pipeline_parallel=2", "parallel.tensor_parallel=2",
+                 "parallel.zero_stage=1", "train.micro_batch_size=2",
+                 "train.global_batch_size=8"]
+    measured = run_distributed(8, _real_peak, overrides, 8)
+    first, last = trace_ranks(load_trainer_config(TINY, overrides), 8, [0, 4], "cpu")
+    assert (first.stage, first.micro_batches, last.stage, last.micro_batches) == (0, 2, 1, 1)
+    assert first.peak_bytes == pytest.approx(measured[0], rel=0.10)
+    assert last.peak_bytes == pytest.approx(measured[4], rel=0.10)

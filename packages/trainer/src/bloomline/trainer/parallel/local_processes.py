@@ -34,7 +34,7 @@ import traceback
 
 import torch.multiprocessing as mp
 
-__all__ = ["free_port", "run_distributed"]
+__all__ = ["forkserver_context", "free_port", "run_distributed"]
 
 # imported once by the forkserver, inherited by every rank it forks: the trainer's loop pulls in
 # torch.distributed's pipelining, tensor and checkpoint packages (and through them dynamo)
@@ -73,11 +73,20 @@ def _worker(rank: int, nproc: int, port: int, environ: dict, call: bytes, queue)
             dist.destroy_process_group()
 
 
+def forkserver_context():
+    """multiprocessing's forkserver context, its server importing torch, torch.distributed and
+    the trainer once (``_PRELOAD``): processes started from it begin with them imported. Also
+    for other one-shot workers that need a fresh process per task (``trainer plan``'s
+    traced ranks)."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(_PRELOAD)  # takes effect when the server starts (first call)
+    return ctx
+
+
 def run_distributed(nproc: int, fn, *args, timeout: float = 600.0) -> list:
     """``[fn(*args) on rank 0, ..., on rank nproc - 1]``, each rank a forked process (see the
     module docstring for the contract)."""
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(_PRELOAD)  # takes effect when the server starts (first call)
+    ctx = forkserver_context()
     queue = ctx.Queue()
     port = free_port()
     # pickled here, loaded in the rank after its environment is the caller's: an import that

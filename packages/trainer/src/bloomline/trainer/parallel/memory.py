@@ -1,6 +1,5 @@
 """Model-state memory per rank: the bytes of parameters, gradients and optimizer state this
-rank holds on the device and on the host, measured from the tensors it keeps, and the ZeRO
-paper's figures for the stage to compare them with.
+rank holds on the device and on the host, measured from the tensors it keeps.
 
 Measured: each tensor's *local* part (a DTensor's ``to_local()``: a tp, FSDP2 or ZeRO-1 shard),
 counted by its storage, once per storage (FSDP2's shards are views of padded buffers: the
@@ -18,12 +17,8 @@ with ``parallel.offload`` every model state is (FSDP2's CPUOffloadPolicy keeps p
 shards, their gradients and the optimizer state there), which is how a CPU-only run, where
 host and device are the same memory, reports it.
 
-Formula (``zero_model_state_bytes``), ZeRO (Rajbhandari et al., 2020) in our units: Ψ
-parameters, fp32 parameters 4 bytes each, fp32 gradients 4, Adam's m and v 8; stage 1 divides
-the optimizer state by dp, stage 2 the gradients too, stage 3 the parameters too; offload
-moves parameters, gradients and optimizer state to the host. (The paper's mixed-precision
-units, 2 + 2 + 12 with the fp32 master copy in the optimizer state, describe another
-precision policy: ours keeps fp32 parameters and autocasts.)
+The ZeRO paper's figures to compare them with are ``plan/memory_formulas.zero_model_states``
+(the planner's formula, one copy of it in the code base).
 """
 
 from __future__ import annotations
@@ -31,7 +26,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["memory_record", "model_state_bytes", "zero_model_state_bytes"]
+__all__ = ["memory_record", "model_state_bytes"]
 
 KINDS = ("params", "grads", "optim")
 
@@ -85,23 +80,6 @@ def model_state_bytes(model: nn.Module, optimizer=None, device: torch.device | s
                 if isinstance(value, torch.Tensor) and value.ndim > 0:
                     counter.add("optim", value)
     return counter.bytes
-
-
-def zero_model_state_bytes(num_params: int, stage: int, dp: int,
-                           offload: bool = False) -> dict[str, float]:
-    """The ZeRO paper's per-rank bytes for ``num_params`` (the parameters one replica holds on
-    this rank) at ``stage`` over ``dp`` ranks, by ``{params,grads,optim}_{device,host}``."""
-    params, grads, optim = 4.0 * num_params, 4.0 * num_params, 8.0 * num_params
-    if stage >= 1:
-        optim /= dp
-    if stage >= 2:
-        grads /= dp
-    if stage >= 3:
-        params /= dp
-    where, other = ("host", "device") if offload else ("device", "host")
-    figures = {"params": params, "grads": grads, "optim": optim}
-    return {**{f"{kind}_{where}": value for kind, value in figures.items()},
-            **{f"{kind}_{other}": 0.0 for kind in KINDS}}
 
 
 def memory_record(model: nn.Module, optimizer, device: torch.device | str,

@@ -27,7 +27,8 @@ import math
 from dataclasses import dataclass
 
 __all__ = ["Layout", "activation_bytes_per_layer", "activation_memory", "layers_on_stage",
-           "micro_batches_in_flight", "model_state_bytes", "peak_total", "rank_memory"]
+           "micro_batches_in_flight", "model_state_bytes", "peak_total", "rank_memory",
+           "zero_model_states"]
 
 
 @dataclass(frozen=True)
@@ -122,6 +123,18 @@ def layers_on_stage(layout: Layout, stage: int) -> int:
     return base + (stage in by_centrality[:extra])
 
 
+def zero_model_states(parameters: float, stage: int, dp: int, param_bytes: int = 4,
+                      grad_bytes: int = 4, optimizer_bytes: int = 8) -> dict[str, float]:
+    """ZeRO's per-rank bytes (Rajbhandari et al. 2020) for ``parameters`` held by one model
+    replica, at ``stage`` over ``dp`` ranks: stage 1 divides the optimizer state by dp, stage
+    2 the gradients too, stage 3 the parameters too. The defaults are this trainer's fp32
+    parameters and gradients and Adam's two fp32 moments (the paper's mixed-precision
+    2 + 2 + 12 describes bf16 parameters with an fp32 master copy in the optimizer state)."""
+    return {"parameters": parameters * param_bytes / (dp if stage >= 3 else 1),
+            "gradients": parameters * grad_bytes / (dp if stage >= 2 else 1),
+            "optimizer": parameters * optimizer_bytes / (dp if stage >= 1 else 1)}
+
+
 def model_state_bytes(layout: Layout, stage: int = 0) -> dict[str, float]:
     """Parameters, gradients and optimizer state held by one rank of ``stage`` at the peak of
     a step, sharded over tp (and pp by stage) and by ZeRO over dp."""
@@ -131,12 +144,9 @@ def model_state_bytes(layout: Layout, stage: int = 0) -> dict[str, float]:
         n += layout.vocab * layout.hidden + 2 * layout.hidden
     n /= layout.tp
     dp, z = layout.dp, layout.zero_stage
-    out = {
-        "parameters": n * layout.param_bytes / (dp if z >= 3 else 1),
-        "gradients": n * layout.grad_bytes / (dp if z >= 2 else 1),
-        "optimizer": n * layout.optimizer_bytes / (dp if z >= 1 else 1),
-        "parameter_workspace": 0.0,
-    }
+    out = zero_model_states(n, z, dp, layout.param_bytes, layout.grad_bytes,
+                            layout.optimizer_bytes)
+    out["parameter_workspace"] = 0.0
     if layout.fsdp_engine and (dp > 1 or z > 0):  # one process at ZeRO-0 has no engine
         # FSDP2's price (parallel/data_parallel.py): stages 0-1 compute on a second, plain
         # copy of the parameters held from forward to backward; stage 2 keeps its resident

@@ -102,6 +102,22 @@ def _gpu_loss_chunks():
 
 
 @contextlib.contextmanager
+def _dtensor_propagation_apart():
+    """DTensor works out each op's output shape by running it on global-shape fake tensors,
+    in the fake mode it finds active: ours, so the tracker would count those global-shape
+    tensors (a whole vocabulary's logits where a tp rank holds a slice) as allocations. Given
+    a fake mode of its own, they are skipped, as the tracker does in an eager run."""
+    from torch.distributed.tensor import _sharding_prop
+
+    original = _sharding_prop.detect_fake_mode
+    _sharding_prop.detect_fake_mode = lambda *args, **kwargs: None
+    try:
+        yield
+    finally:
+        _sharding_prop.detect_fake_mode = original
+
+
+@contextlib.contextmanager
 def _clean_caches():
     """Tensors cached across calls (the ALiBi bias) must not carry a fake tensor out of the
     trace, nor a real one into it."""
@@ -193,18 +209,19 @@ def _stage_step(built: BuiltRank, precision, in_flight: int, total: int,
                 tracker.reset_mod_stats()
             with context():
                 out = chunk(inputs)
-                if stage == pipeline.num_stages - 1:
-                    out = pipeline._loss(out, labels)
-            pending.append(out)
+                # the schedule keeps a stage's output until its backward (the last stage's
+                # logits too, beside the loss computed from them)
+                loss = pipeline._loss(out, labels) if stage == pipeline.num_stages - 1 else None
+            pending.append((out, loss))
 
         def backward():
             nonlocal done
-            out = pending.popleft()  # the schedule frees its outputs after backward
+            out, loss = pending.popleft()  # both live through the backward, then go
             done += 1
             set_gradient_sync(chunk, done == total)
             with context():
-                if out.ndim == 0:
-                    out.backward()
+                if loss is not None:
+                    loss.backward()
                 else:
                     out.backward(torch.empty_like(out))
 
@@ -233,6 +250,7 @@ def trace_step(cfg: Config, world_size: int, rank: int, target: str = "cuda",
 
     cfg = planned_config(cfg, target)
     device_twins = contextlib.ExitStack()
+    device_twins.enter_context(_dtensor_propagation_apart())
     if target == "cuda":
         device_twins.enter_context(_gpu_loss_chunks())
     if cfg.model.attention == "flex":
@@ -280,19 +298,21 @@ def trace_step(cfg: Config, world_size: int, rank: int, target: str = "cuda",
 
 def trace_ranks(cfg: Config, world_size: int, ranks: list[int], target: str = "cuda",
                 in_flight: list[int | None] | None = None) -> list[TracedStep]:
-    """``trace_step`` of each of ``ranks``, each in a fresh process (spawned, as many at once
-    as there are cores). Why not in this one: torch keeps process groups' names inside device
-    meshes, DTensor and FSDP2 state, and some of it outlives a destroyed process group, so a
-    second fake world in one process can be handed the first one's groups. Errors (a
-    UserError for a layout the trainer refuses) are raised here as in ``trace_step``."""
-    import multiprocessing
+    """``trace_step`` of each of ``ranks``, each in a fresh process (forked from a server that
+    has torch and the trainer imported; as many at once as there are cores). Why not in this
+    one: torch keeps process groups' names inside device meshes, DTensor and FSDP2 state, and
+    some of it outlives a destroyed process group, so a second fake world in one process can
+    be handed the first one's groups. Errors (a UserError for a layout the trainer refuses)
+    are raised here as in ``trace_step``."""
     import os
     from concurrent.futures import ProcessPoolExecutor
+
+    from bloomline.trainer.parallel.local_processes import forkserver_context
 
     flights = in_flight or [None] * len(ranks)
     workers = max(1, min(len(ranks), os.cpu_count() or 1))
     with ProcessPoolExecutor(max_workers=workers, max_tasks_per_child=1,
-                             mp_context=multiprocessing.get_context("spawn")) as pool:
+                             mp_context=forkserver_context()) as pool:
         futures = [pool.submit(trace_step, cfg, world_size, rank, target, flight)
                    for rank, flight in zip(ranks, flights, strict=True)]
         return [future.result() for future in futures]
