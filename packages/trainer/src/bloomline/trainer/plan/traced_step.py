@@ -7,16 +7,21 @@ tensor a ``FakeTensor``: sizes and devices, no data, no arithmetic) and runs, in
 tracker (``torch.distributed._tools``: ``FSDPMemTracker`` when the model is FSDP2-sharded,
 which also tells all-gather and reduce-scatter buffers apart, else ``MemTracker``):
 
+A step on zero gradients first creates the optimizer state (as in every step after the
+first). Then:
+
 - without pipelining: two micro-batches (one when the step has one) through
   ``ForwardBackward`` (the trainer's forward, loss and backward, gradient reduction
   included), then the optimizer step. More micro-batches add nothing to the peak: each
   one's activations are freed by its backward, and from the second on the accumulated
   gradients are there during the forward.
-- with pipelining: the stage's forward for as many micro-batches as its schedule keeps in
-  flight (1F1B: ``pp - stage``; GPipe: all), then their backwards, then the tied-embedding
-  gradient reduction and the optimizer step. The schedule itself is not run: its
-  point-to-point transfers need a peer (a fake process group returns nothing), so the stage
-  takes a fake input of the shape its predecessor sends.
+- with pipelining: the stage's micro-batches in 1F1B order, as many held at once as its
+  schedule keeps in flight (1F1B: ``pp - stage``; the plan passes GPipe's all) and one more
+  (a forward that runs with gradients held), each stage output kept until its backward as
+  torch's schedule keeps it; then the tied-embedding gradient reduction and the optimizer
+  step. The schedule itself is not run: its point-to-point transfers need a peer (a fake
+  process group returns nothing), so the stage takes a fake input of the shape its
+  predecessor sends.
 
 What the tracker counts is every tensor the step's operators allocate, at the moment they
 exist: parameters, gradients, optimizer state, saved activations, temporaries, and
@@ -128,6 +133,17 @@ def _clean_caches():
         yield
     finally:
         cached_alibi_bias.cache_clear()
+
+
+def _create_optimizer_state(built: BuiltRank) -> None:
+    """An optimizer step on zero gradients, untracked: the optimizer state (created at the
+    first step) then exists when the traced step starts, as in every step after the first,
+    without tracing a whole step more."""
+    for param in built.model.parameters():
+        if param.requires_grad:
+            param.grad = torch.zeros_like(param)
+    built.optimizer.step()
+    built.optimizer.zero_grad(set_to_none=True)
 
 
 def _tracker(built: BuiltRank):
@@ -276,7 +292,7 @@ def trace_step(cfg: Config, world_size: int, rank: int, target: str = "cuda",
             built.optimizer.zero_grad(set_to_none=True)
             return held
 
-        step()  # the first step creates the optimizer state a steady-state step starts with
+        _create_optimizer_state(built)
         tracker = _tracker(built)
         with tracker:
             held = step(tracker)
