@@ -319,7 +319,8 @@ def trace_ranks(cfg: Config, world_size: int, ranks: list[int], target: str = "c
     one: torch keeps process groups' names inside device meshes, DTensor and FSDP2 state, and
     some of it outlives a destroyed process group, so a second fake world in one process can
     be handed the first one's groups. Errors (a UserError for a layout the trainer refuses)
-    are raised here as in ``trace_step``."""
+    are raised here as in ``trace_step``. A script calling this needs an ``if __name__ ==
+    "__main__":`` guard, as any multiprocessing code does."""
     import os
     from concurrent.futures import ProcessPoolExecutor
 
