@@ -1,5 +1,5 @@
 """The planner's two memory figures against real runs: the peak memory of a real CPU
-training step (measured by torch's profiler from the allocator's events), the traced step's
+training step (the allocator's running total, as torch's profiler records it), the traced step's
 on fake tensors (``traced_step``) and, for one process, the formulas' (``memory_formulas``)
 agree within 10% for the tiny recipe.
 
@@ -13,9 +13,8 @@ without a fast bf16 path, so that the test means the same on every machine.
 
 from __future__ import annotations
 
-import json
 import os
-import tempfile
+import statistics
 from pathlib import Path
 
 import pytest
@@ -33,10 +32,49 @@ BASE = ["model.vocab_size=8064", "precision.dtype=fp32"]
 
 
 def _real_peak(overrides: list[str], world_size: int) -> int:
-    """Peak bytes of live CPU tensors during one real training step of this rank of the tiny
-    recipe with ``overrides`` (run inside ``run_distributed`` ranks, or alone for one)."""
-    from torch.profiler import ProfilerActivity, profile
+    """Peak bytes of CPU memory held by the allocator during one real training step of this
+    rank of the tiny recipe with ``overrides`` (run inside ``run_distributed`` ranks, or alone
+    for one). The profiler records every allocation from before the model is built, so its
+    running total is absolute; the peak is its largest value inside the measured step."""
+    import gc
 
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    gc.collect()  # an earlier model's cycles must not be freed inside the measured step
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        train_step = _build_step(overrides, world_size)
+        train_step()  # the optimizer state exists in every later step
+        with record_function(_MEASURED):
+            train_step()
+    return _peak_inside(prof, _MEASURED)
+
+
+_MEASURED = "bloomline_measured_step"
+
+
+def _peak_inside(prof, name: str) -> int:
+    """The allocator's largest running total (CPU) during the profiled region ``name``, from
+    where it stood when profiling began (the reporter's total carries over what earlier
+    profiled code left allocated)."""
+    from torch._C._profiler import _EventType
+
+    nodes, stack = [], list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        node = stack.pop()
+        nodes.append(node)
+        stack.extend(node.children)
+    region = next(n for n in nodes if n.name == name)
+    allocations = sorted((n for n in nodes if n.tag == _EventType.Allocation
+                          and n.extra_fields.device.type == "cpu"),
+                         key=lambda n: n.start_time_ns)
+    first = allocations[0].extra_fields
+    baseline = first.total_allocated - first.alloc_size
+    return max(n.extra_fields.total_allocated for n in allocations
+               if region.start_time_ns <= n.start_time_ns <= region.end_time_ns) - baseline
+
+
+def _build_step(overrides: list[str], world_size: int):
+    """This rank built as ``Trainer.__init__`` builds it, and its training step."""
     from bloomline.trainer.forward_backward import ForwardBackward, loss_functions
     from bloomline.trainer.model import GPT
     from bloomline.trainer.optim import build_optimizer
@@ -82,15 +120,7 @@ def _real_peak(overrides: list[str], world_size: int) -> int:
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    train_step()
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True,
-                 with_stack=True) as prof:
-        train_step()
-    with tempfile.TemporaryDirectory() as scratch:
-        timeline = Path(scratch) / "memory.json"
-        prof.export_memory_timeline(str(timeline), device="cpu")
-        _times, sizes = json.loads(timeline.read_text())
-    return max(sum(row) for row in sizes)
+    return train_step
 
 
 @pytest.mark.parametrize("recompute", ["none", "full"])
@@ -117,12 +147,14 @@ def test_three_dimensional_ranks_real_and_traced_peaks_agree_within_10_percent()
     global-shape tensors DTensor uses to work out output shapes as allocations (a whole
     vocabulary of logits on a tp rank), or misses ZeRO-1's sharded optimizer state and FSDP2's
     working copies. pp2 x dp2 x tp2 with ZeRO-1: eight gloo processes running torch's 1F1B
-    schedule; the first rank of each stage compared."""
+    schedule; each stage's traced first rank against the median of the stage's four real
+    ranks (they do the same work; gloo's threads now and then allocate a few MiB more on one
+    of them at its peak)."""
     overrides = [*BASE, "parallel.pipeline_parallel=2", "parallel.tensor_parallel=2",
                  "parallel.zero_stage=1", "train.micro_batch_size=2",
                  "train.global_batch_size=8"]
     measured = run_distributed(8, _real_peak, overrides, 8)
     first, last = trace_ranks(load_trainer_config(TINY, overrides), 8, [0, 4], "cpu")
     assert (first.stage, first.micro_batches, last.stage, last.micro_batches) == (0, 2, 1, 1)
-    assert first.peak_bytes == pytest.approx(measured[0], rel=0.10)
-    assert last.peak_bytes == pytest.approx(measured[4], rel=0.10)
+    assert first.peak_bytes == pytest.approx(statistics.median(measured[:4]), rel=0.10)
+    assert last.peak_bytes == pytest.approx(statistics.median(measured[4:]), rel=0.10)
