@@ -65,10 +65,18 @@ def pretrain(
     if resume is not None:
         overrides.append(f"checkpoint.resume={resume}")
     cfg = load_trainer_config(config, overrides)
-    # flushed per line: a run logs to files (SLURM, nohup) where stdout is block-buffered
-    state = Trainer(cfg, log=lambda line: print(line, flush=True)).run()
     import torch.distributed as dist
 
+    try:
+        # flushed per line: a run logs to files (SLURM, nohup) where stdout is block-buffered
+        state = Trainer(cfg, log=lambda line: print(line, flush=True)).run()
+    except UserError:
+        # every rank refuses together (rank 0's verdict is broadcast): leave no process group
+        # for interpreter exit, where gloo's threads can abort ("terminate called without an
+        # active exception") after the one-line error
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        raise
     if dist.is_initialized():
         dist.destroy_process_group()
     if state.get("stopped"):  # a signal or train.max_wallclock: saved, to be continued
