@@ -10,9 +10,15 @@ DEMO   := build/demo
 STAMP     := $(VENV)/.installed-dev
 STAMP_CMP := $(VENV)/.installed-compat
 
-.PHONY: demo test lint bench-tokenize bench-tokenize-cluster bench-readers bench-build-index bench-inspect bench-train bench-step-parts bench-parallel bench-checkpoint gpu-check clean
+.PHONY: demo test wheelhouse lint bench-tokenize bench-tokenize-cluster bench-readers bench-build-index bench-inspect bench-train bench-step-parts bench-parallel bench-checkpoint gpu-check clean
+
+# bloomline needs Python 3.11+ (tomllib, and the pinned numpy, typer, matplotlib and the newest
+# torch have left 3.10): an older one is refused here in one line rather than deep in pip
+PYTHON_OK = $(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null \
+	|| { echo "bloomline needs Python 3.11 or newer; $(PYTHON) is $$($(PYTHON) --version 2>&1 || echo missing): run make PYTHON=python3.11 (or newer)" >&2; exit 2; }
 
 $(BIN)/python:
+	@$(PYTHON_OK)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
@@ -29,6 +35,38 @@ $(STAMP_CMP): requirements-compat.txt | $(STAMP)
 
 test: $(STAMP) $(STAMP_CMP)
 	$(BIN)/python -m pytest -q
+
+# make test-compat TORCH=2.11.0: the smoke subset (pytest -m compat) under another torch, in a
+# venv of its own (build/venv-torch-TORCH, reused) holding requirements-dev.txt with only its
+# torch pin replaced. A torch other than the pinned CPU build comes from PyPI as a CUDA build
+# (GBs of nvidia-* wheels); it runs on CPU all the same.
+.PHONY: test-compat
+ifneq ($(filter test-compat,$(MAKECMDGOALS)),)
+ifeq ($(strip $(TORCH)),)
+$(error TORCH is required: make test-compat TORCH=2.11.0 (a torch version, e.g. 2.11.0 or 2.15.0))
+endif
+endif
+COMPAT_VENV  := build/venv-torch-$(TORCH)
+COMPAT_REQ   := build/requirements-torch-$(TORCH).txt
+COMPAT_STAMP := $(COMPAT_VENV)/.installed-dev
+
+# requirements-dev.txt without its torch line: every other pin stays as it is
+$(COMPAT_REQ): requirements-dev.txt
+	@mkdir -p $(@D)
+	grep -v '^torch==' requirements-dev.txt > $@
+
+$(COMPAT_VENV)/bin/python:
+	@$(PYTHON_OK)
+	$(PYTHON) -m venv $(COMPAT_VENV)
+	$@ -m pip install --quiet --upgrade pip
+
+$(COMPAT_STAMP): $(COMPAT_REQ) packages/*/pyproject.toml | $(COMPAT_VENV)/bin/python
+	$(COMPAT_VENV)/bin/python -m pip install --quiet "torch==$(TORCH)" -r $(COMPAT_REQ)
+	touch $@
+
+test-compat: $(COMPAT_STAMP)
+	$(COMPAT_VENV)/bin/python -c "import torch; print('torch', torch.__version__)"
+	$(COMPAT_VENV)/bin/python -m pytest -q -m compat
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -83,9 +121,28 @@ bench-parallel: $(STAMP)
 bench-checkpoint: $(STAMP)
 	$(BIN)/python -m benchmarks.checkpoint
 
-# what CPU cannot check (flex backward, bf16 350m, NCCL dp2/tp2, throughput vs plan); no GPU: exit 2
+# what CPU cannot check (flex backward, bf16 350m beside the plan, NCCL dp2/tp2, throughput vs
+# plan); no GPU: exit 2. On a GPU machine the command is `python3 -m benchmarks.gpu_check` with
+# the machine's own Python (offline, from wheelhouse/); this target runs it with .venv's.
 gpu-check: $(STAMP)
 	$(BIN)/python -m benchmarks.gpu_check
+
+# wheelhouse/ for `python3 -m benchmarks.gpu_check` on a GPU machine without network: the
+# bloomline wheels of this checkout and its pinned runtime dependencies (torch excepted) as
+# binary wheels for the GPU machine's Python and platform; copy the folder into the checkout there
+WHEELHOUSE     ?= wheelhouse
+WHEEL_PYTHON   ?= 3.12
+WHEEL_PLATFORM ?= manylinux_2_28_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 linux_x86_64
+wheelhouse: $(STAMP)
+	rm -rf $(WHEELHOUSE) && mkdir -p $(WHEELHOUSE) build
+	$(BIN)/python -m pip wheel --quiet --no-deps --no-build-isolation --wheel-dir $(WHEELHOUSE) \
+		packages/common packages/dataprep packages/trainer packages/tools
+	$(BIN)/python -m benchmarks.gpu_checks.wheelhouse requirements > build/wheelhouse-requirements.txt
+	$(BIN)/python -m pip download --quiet --dest $(WHEELHOUSE) --only-binary=:all: \
+		--python-version $(WHEEL_PYTHON) $(addprefix --platform ,$(WHEEL_PLATFORM)) \
+		-r build/wheelhouse-requirements.txt
+	$(BIN)/python -m benchmarks.gpu_checks.wheelhouse record $(WHEELHOUSE)
+	@echo "wheelhouse: $$(ls $(WHEELHOUSE)/*.whl | wc -l) wheels for Python $(WHEEL_PYTHON), $$(du -sh $(WHEELHOUSE) | cut -f1)"
 
 clean:
 	rm -rf build $(VENV)

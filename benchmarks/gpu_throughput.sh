@@ -20,14 +20,17 @@
 #   STEPS=12 WARMUP=4 LOG=2 CONFIGS="configs/350m.toml configs/1b3.toml" NGPU=<all>
 #   GBS=<recipe's> KEEP=0 (1 keeps the run folders under build/gpu_throughput)
 #   RESULTS=<file>: also append one JSON line per recipe to it (what `make gpu-check` reads)
-#   BIN=<.venv/bin>: the environment's bin folder (python, torchrun, dataprep)
+#   PY=<.venv/bin/python>: the Python to run with (torchrun and dataprep run as its modules,
+#     so a system Python whose scripts live elsewhere works too)
+#   DEVICE=cpu: a dry run of the plumbing on CPU processes (gloo; NGPU processes, default 2)
 # On a machine without an NVIDIA GPU (no nvidia-smi, no GPU listed, or a torch without CUDA)
-# it says so and exits with status 2 without running anything.
+# it says so and exits with status 2 without running anything (unless DEVICE=cpu).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
-BIN="${BIN:-$ROOT/.venv/bin}"
+PY="${PY:-$ROOT/.venv/bin/python}"
+DEVICE="${DEVICE:-cuda}"
 STEPS="${STEPS:-12}"
 WARMUP="${WARMUP:-4}"
 LOG="${LOG:-2}"
@@ -42,36 +45,42 @@ no_gpu() {
     exit 2
 }
 
-command -v nvidia-smi >/dev/null 2>&1 || no_gpu "nvidia-smi not found"
-visible=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
-[ "${visible:-0}" -gt 0 ] || no_gpu "nvidia-smi lists no GPU"
-[ -x "$BIN/python" ] || { echo "gpu_throughput.sh: no $BIN/python: run make test (or make demo) first to build the environment" >&2; exit 1; }
-cuda=$("$BIN/python" -c 'import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)')
-[ "$cuda" -gt 0 ] || no_gpu "torch $("$BIN/python" -c 'import torch; print(torch.__version__)') in .venv sees no CUDA device (a CPU build?)"
-NGPU="${NGPU:-$cuda}"
+[ -x "$PY" ] || { echo "gpu_throughput.sh: no $PY: run make test (or make demo) first to build the environment, or set PY" >&2; exit 1; }
+device_args=()
+if [ "$DEVICE" = cpu ]; then
+    NGPU="${NGPU:-2}"
+    device_args=(train.device=cpu)
+else
+    command -v nvidia-smi >/dev/null 2>&1 || no_gpu "nvidia-smi not found"
+    visible=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
+    [ "${visible:-0}" -gt 0 ] || no_gpu "nvidia-smi lists no GPU"
+    cuda=$("$PY" -c 'import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)')
+    [ "$cuda" -gt 0 ] || no_gpu "torch $("$PY" -c 'import torch; print(torch.__version__)') of $PY sees no CUDA device (a CPU build?)"
+    NGPU="${NGPU:-$cuda}"
+fi
 
 # the demo corpus, offline (the sample indices are built by the trainer)
 if ! ls "$DEMO"/corpus/*.idx >/dev/null 2>&1; then
     echo "building the demo corpus in $DEMO ..."
-    "$BIN/dataprep" demo-corpus "$DEMO/raw" --overwrite
-    "$BIN/dataprep" train-tokenizer "$DEMO/raw" --vocab-size 8000 --output "$DEMO/tokenizer/demo" --overwrite
-    "$BIN/dataprep" tokenize "$DEMO/raw" --tokenizer "$DEMO/tokenizer/demo.model" \
+    "$PY" -m bloomline.dataprep.cli demo-corpus "$DEMO/raw" --overwrite
+    "$PY" -m bloomline.dataprep.cli train-tokenizer "$DEMO/raw" --vocab-size 8000 --output "$DEMO/tokenizer/demo" --overwrite
+    "$PY" -m bloomline.dataprep.cli tokenize "$DEMO/raw" --tokenizer "$DEMO/tokenizer/demo.model" \
         --output "$DEMO/corpus/demo" --overwrite
 fi
 
 OUT="$ROOT/build/gpu_throughput"
 mkdir -p "$OUT"
-echo "# gpu_throughput.sh $(date -u +%Y-%m-%dT%H:%MZ) at $(git rev-parse --short HEAD 2>/dev/null || echo '?'); $NGPU GPU(s):"
-nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader | sed 's/^/#   /'
-"$BIN/python" -c 'import torch; print(f"#   torch {torch.__version__}, CUDA {torch.version.cuda}")'
+echo "# gpu_throughput.sh $(date -u +%Y-%m-%dT%H:%MZ) at $(git rev-parse --short HEAD 2>/dev/null || echo '?'); $NGPU $DEVICE device(s):"
+[ "$DEVICE" = cpu ] || nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader | sed 's/^/#   /'
+"$PY" -c 'import torch; print(f"#   torch {torch.__version__}, CUDA {torch.version.cuda}")'
 
 status=0
 for config in $CONFIGS; do
     name=$(basename "$config" .toml)
     run=$(mktemp -d "$OUT/$name.XXXX")
-    gbs="${GBS:-$("$BIN/python" -c "import tomllib,sys; print(tomllib.load(open(sys.argv[1],'rb'))['train']['global_batch_size'])" "$config")}"
+    gbs="${GBS:-$("$PY" -c "import tomllib,sys; print(tomllib.load(open(sys.argv[1],'rb'))['train']['global_batch_size'])" "$config")}"
     echo "== $name: $STEPS steps, global batch $gbs, $NGPU GPU(s); log $run/train.log"
-    if ! "$BIN/torchrun" --standalone --nproc-per-node "$NGPU" -m bloomline.trainer pretrain \
+    if ! "$PY" -m torch.distributed.run --standalone --nproc-per-node "$NGPU" -m bloomline.trainer pretrain \
             --config "$config" \
             data.corpus="$DEMO/corpus" data.tokenizer="$DEMO/tokenizer/demo.model" \
             train.run_dir="$run" train.global_batch_size="$gbs" \
@@ -79,13 +88,13 @@ for config in $CONFIGS; do
             train.eval_interval=0 checkpoint.interval=0 checkpoint.resume=none \
             schedule.warmup=0 data.split=98,2,0 \
             monitor.activation_stats_interval=0 monitor.tensorboard=false \
-            "$@" >"$run/train.log" 2>&1; then
+            ${device_args[@]+"${device_args[@]}"} "$@" >"$run/train.log" 2>&1; then
         echo "$name: the run failed; the end of its log:"
         tail -n 30 "$run/train.log"
         status=1
         continue
     fi
-    RESULTS="$RESULTS" "$BIN/python" - "$run" "$NGPU" "$WARMUP" "$config" "$gbs" <<'EOF'
+    RESULTS="$RESULTS" "$PY" - "$run" "$NGPU" "$WARMUP" "$config" "$gbs" <<'EOF'
 import json, os, statistics, sys
 from pathlib import Path
 

@@ -140,8 +140,9 @@ def test_loss_comparison_of_two_metrics_files(tmp_path):
 
 
 def _steps(losses: list[float], memory: float = 7.9) -> list[dict]:
-    return [{"kind": "train", "step": i + 1, "loss": loss, "step_time_s": 0.2,
-             "memory_gb": memory, "seq_length": 2048, "global_batch_size": 8}
+    return [{"kind": "train", "step": i + 1, "loss": loss, "step_time_s": 0.2 + i,
+             "tokens_per_s": 1000.0 * (i + 1), "mfu": 0.01 * (i + 1), "memory_gb": memory,
+             "seq_length": 2048, "global_batch_size": 8}
             for i, loss in enumerate(losses)]
 
 
@@ -160,10 +161,30 @@ def test_the_350m_run_is_judged_by_floor_fall_and_memory(losses, memory, problem
     first loss lies far above ln V; benchmarks/README.md)."""
     from benchmarks.gpu_checks.step_check import judge
 
-    row = judge("b", _steps(losses, memory), 50304)
+    row, _ = judge("b", _steps(losses, memory), 50304, steps=3, warmup=1)
     assert row.status == (FAIL if problem else PASS), row
     assert problem in row.detail
     assert "16,384 tokens/step" in row.figures
+
+
+def test_the_350m_run_measures_after_the_warmup_and_sits_beside_the_plan():
+    """Catches: check b's throughput taken over the compiling first steps (a median that
+    includes them), the peak memory of one step instead of the run's, or the plan's traced
+    peak read from another field than ``trainer plan --json`` writes (a ratio of unlike
+    things)."""
+    from benchmarks.gpu_checks.step_check import beside, judge
+
+    records = _steps([18.6, 12.0, 11.0, 10.0, 9.5], 7.9)
+    records[0]["step_time_s"], records[0]["memory_gb"] = 30.0, 9.0  # compiling, its peak
+    _, measured = judge("b", records, 50304, steps=5, warmup=2)
+    # steps 3..5: step times 2.2, 3.2, 4.2; tokens/s 3000, 4000, 5000; MFU 3, 4, 5 %
+    assert measured == {"step_time_s": pytest.approx(3.2), "tokens_per_s": 4000.0,
+                        "mfu": pytest.approx(0.04), "memory_gb": 9.0}
+    plan = {"step_time_s": 1.6, "mfu": 0.5, "traced": True,
+            "ranks": [{"memory_bytes": {"total": 18e9}}]}
+    row = beside("plan", measured, plan, "h100-80gb")
+    assert row.status == PASS
+    assert "step time 2, memory 0.5" in row.figures and "18.0 GB (traced)" in row.figures
 
 
 def _script_summary() -> str:
@@ -208,6 +229,7 @@ def test_throughput_result_line_and_the_plan_beside_it(tmp_path, monkeypatch):
     assert row.status == PASS and "measured/plan step time 1.31" in row.figures
 
 
+@pytest.mark.compat
 def test_flex_matches_eager_on_cpu_for_a_tensor_parallel_shard(monkeypatch):
     """Catches: check a failing to compare what it says (weights not shared, the shard's head
     offset lost) or unable to fail: flex's forward on CPU (the backward is GPU-only) for
@@ -232,29 +254,62 @@ def test_flex_matches_eager_on_cpu_for_a_tensor_parallel_shard(monkeypatch):
     assert row.status == FAIL, row
 
 
-def test_a_check_that_raises_fails_its_row_and_the_others_still_run(monkeypatch, capsys):
+def test_a_check_that_raises_fails_its_row_and_the_others_still_run(monkeypatch, capsys,
+                                                                     tmp_path):
     """Catches: one check's exception (a compile error, a missing file) ending the whole run
-    without the table, or hiding the other checks' rows; and --only/--skip not honoured. The
-    GPU and the checks are stand-ins: this is the driver's logic only."""
-    from types import SimpleNamespace
-
+    without the table, or hiding the other checks' rows; --only/--skip not honoured; a check
+    that needs two GPUs run on one instead of skipped with the reason; a results file that
+    loses a row or a check's time. The GPU and the checks are stand-ins: the driver only."""
     from benchmarks import gpu_check
+    from benchmarks.gpu_checks.results import write_results
 
-    props = SimpleNamespace(name="NVIDIA H100 80GB HBM3", total_memory=80 * 2**30)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: props)
+    target = gpu_check.Target("cuda", 1, "h100-80gb", "", "NVIDIA H100 80GB HBM3",
+                              {"GPU": "1 x NVIDIA H100 80GB HBM3", "commit": "abc",
+                               "torch": "2.11.0", "CUDA": "13.0", "Python": "3.12.3"})
     ran = []
 
-    def fake(letter, args, gpu, note, gpus):
-        ran.append((letter, gpu, gpus))
+    def fake(letter, args, target):
+        ran.append((letter, target.plan_key, target.gpus))
         if letter == "b":
             raise RuntimeError("compile failed")
         return [Row(letter, PASS)]
 
     monkeypatch.setattr(gpu_check, "_run_check", fake)
-    result = gpu_check.measure(gpu_check.parse_args(["--skip", "d"]))
-    assert ran == [("a", "h100-80gb", 1), ("b", "h100-80gb", 1), ("c", "h100-80gb", 1)]
-    assert [row.status for row in result["rows"]] == [PASS, FAIL, PASS]
+    result = gpu_check.measure(gpu_check.parse_args(["--skip", "d"]), target)
+    assert ran == [("a", "h100-80gb", 1), ("b", "h100-80gb", 1)]
+    assert [row.status for row in result["rows"]] == [PASS, FAIL, SKIPPED]
     assert "compile failed" in result["rows"][1].detail
+    assert "1 GPU: needs 2" in result["rows"][2].detail
+    assert set(result["timing"]) == {"a", "b"}
     assert gpu_check.report(result) == 1
     assert "compile failed" in capsys.readouterr().out.splitlines()[-2]
+    md, js = write_results(tmp_path / "r", {
+        "date": "2026-11-26", "gpu": target.name, "gpus": 1, "machine": target.machine,
+        "command": "python3 -m benchmarks.gpu_check", "exit_status": 1, "total_s": 12.0,
+        "timing": result["timing"], "rows": result["rows"]})
+    saved = json.loads(js.read_text())
+    assert [row["status"] for row in saved["rows"]] == [PASS, FAIL, SKIPPED]
+    text = md.read_text()
+    assert "| b: a bf16 run of 350m beside trainer plan |" in text
+    assert text.count("\n| ") >= 3 + 5 + 2 + 3  # machine, timing and row tables
+
+
+def test_one_gpu_fits_the_eight_minutes():
+    """Catches: a budget raised past what one GPU was promised (the check must end within
+    8 minutes on one H100, compilation included: the budgets are how that is known)."""
+    from benchmarks import gpu_check
+
+    assert gpu_check.ONE_GPU_BUDGET_S <= 8 * 60
+    assert all(c.budget_s is not None for c in gpu_check.CHECKS.values() if c.min_gpus == 1)
+
+
+def test_check_a_skips_what_its_budget_leaves_no_time_for():
+    """Catches: check a running its cases past its budget (each compiles afresh: minutes on a
+    GPU) instead of reporting the ones it did not start as skipped rows."""
+    from benchmarks.gpu_checks.attention_check import check_flex_attention
+
+    rows = check_flex_attention("cpu", (32, 64), cases=((8, 4, 4), (8, 0, 8)), backward=False,
+                                bf16=False, batch=1, budget_s=0.0)
+    assert rows[0].status == PASS  # the first case always runs
+    assert [row.status for row in rows[1:]] == [SKIPPED] * 3
+    assert "budget" in rows[1].detail

@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from benchmarks.gpu_checks.results import FAIL, PASS, Row, relative_error
+from benchmarks.gpu_checks.results import FAIL, PASS, SKIPPED, Row, relative_error
 
 __all__ = ["BF16_TOL", "CASES", "FP32_TOL", "check_flex_attention"]
 
@@ -62,36 +62,54 @@ def _worst(got: dict, want: dict) -> tuple[float, str]:
 
 
 def check_flex_attention(device: str = "cuda", seq_lengths=(256, 1024), cases=CASES,
-                         backward: bool = True, bf16: bool = True, batch: int = 2) -> list[Row]:
+                         backward: bool = True, bf16: bool = True, batch: int = 2,
+                         budget_s: float | None = None) -> list[Row]:
     """Flex against eager for every case and length, in fp32 and (``bf16``) bf16 autocast.
-    ``device="cpu"`` with ``backward=False, bf16=False`` is the CPU-testable subset."""
+    ``device="cpu"`` with ``backward=False, bf16=False`` is the CPU-testable subset.
+
+    Every case at the first length, then every case at the next: with ``budget_s``, the
+    cases not started within it (each compiles afresh) are skipped rows that say so; the
+    first case always runs."""
     rows = []
-    for heads, start, count in cases:
-        for length in seq_lengths:
-            # a fresh compilation per case: the compiled kernel would otherwise be reused
-            # through guards, and past dynamo's recompile limit fall back to the uncompiled
-            # path this check is not about
-            torch.compiler.reset()
-            torch.manual_seed(0)
-            eager = _layer("eager", heads, start, count, device)
-            flex = _layer("flex", heads, start, count, device)
-            flex.load_state_dict(eager.state_dict())
-            x = torch.randn(batch, length, heads * HEAD_DIM, device=device)
-            cotangent = torch.randn_like(x)
-            reference = _run(eager, x, cotangent, False, backward)
+    began = time.monotonic()
+    for length in seq_lengths:
+        for heads, start, count in cases:
             label = f"flex-alibi h{heads}[{start}:{start + count}] L{length}"
-            began = time.perf_counter()
-            error, where = _worst(_run(flex, x, cotangent, False, backward), reference)
-            seconds = time.perf_counter() - began
-            rows.append(Row(f"{label} fp32", PASS if error <= FP32_TOL else FAIL,
-                            f"worst {error:.1e} ({where}); {seconds:.0f} s, compilation included",
-                            f"{FP32_TOL:.0e} of max|eager fp32|"))
-            if bf16:
-                error, where = _worst(_run(flex, x, cotangent, True, backward), reference)
-                own, own_where = _worst(_run(eager, x, cotangent, True, backward), reference)
-                tol = max(BF16_TOL, 2 * own)
-                rows.append(Row(f"{label} bf16", PASS if error <= tol else FAIL,
-                                f"worst {error:.1e} ({where}); eager bf16 {own:.1e} "
-                                f"({own_where})",
-                                f"max({BF16_TOL:.0e}, 2x eager bf16)"))
+            spent = time.monotonic() - began
+            if budget_s is not None and rows and spent > budget_s:
+                rows.append(Row(label, SKIPPED, detail=f"not started: {spent:.0f} s of the "
+                                                       f"check's {budget_s:.0f} s budget spent"))
+                continue
+            rows.extend(_compare(device, heads, start, count, length, backward, bf16, batch,
+                                 label))
+    return rows
+
+
+def _compare(device: str, heads: int, start: int, count: int, length: int, backward: bool,
+             bf16: bool, batch: int, label: str) -> list[Row]:
+    """The fp32 row and (``bf16``) the bf16 row of one case at one length."""
+    # a fresh compilation per case: the compiled kernel would otherwise be reused through
+    # guards, and past dynamo's recompile limit fall back to the uncompiled path this check
+    # is not about
+    torch.compiler.reset()
+    torch.manual_seed(0)
+    eager = _layer("eager", heads, start, count, device)
+    flex = _layer("flex", heads, start, count, device)
+    flex.load_state_dict(eager.state_dict())
+    x = torch.randn(batch, length, heads * HEAD_DIM, device=device)
+    cotangent = torch.randn_like(x)
+    reference = _run(eager, x, cotangent, False, backward)
+    began = time.perf_counter()
+    error, where = _worst(_run(flex, x, cotangent, False, backward), reference)
+    seconds = time.perf_counter() - began
+    rows = [Row(f"{label} fp32", PASS if error <= FP32_TOL else FAIL,
+                f"worst {error:.1e} ({where}); {seconds:.0f} s, compilation included",
+                f"{FP32_TOL:.0e} of max|eager fp32|")]
+    if bf16:
+        error, where = _worst(_run(flex, x, cotangent, True, backward), reference)
+        own, own_where = _worst(_run(eager, x, cotangent, True, backward), reference)
+        tol = max(BF16_TOL, 2 * own)
+        rows.append(Row(f"{label} bf16", PASS if error <= tol else FAIL,
+                        f"worst {error:.1e} ({where}); eager bf16 {own:.1e} ({own_where})",
+                        f"max({BF16_TOL:.0e}, 2x eager bf16)"))
     return rows

@@ -9,11 +9,16 @@ that a tolerance reads as "a fraction of the tensor's scale" whatever its units.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
-__all__ = ["FAIL", "PASS", "SKIPPED", "Row", "exit_code", "format_table", "relative_error"]
+__all__ = ["FAIL", "PASS", "SKIPPED", "Row", "exit_code", "format_table", "markdown",
+           "relative_error", "write_results"]
 
 PASS, FAIL, SKIPPED = "pass", "fail", "skipped"
 
@@ -33,6 +38,8 @@ def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
     """max |got - want| / max |want|, both in fp64 (a zero reference: the plain max |got|).
 
     A NaN or inf anywhere gives inf, so no tolerance passes it (``max`` would skip a NaN)."""
+    import torch  # here: gpu_check imports this module before it knows this Python has torch
+
     got, want = got.detach().double().cpu(), want.detach().double().cpu()
     if got.shape != want.shape:
         raise ValueError(f"shapes differ: {tuple(got.shape)} vs {tuple(want.shape)}")
@@ -59,3 +66,42 @@ def format_table(rows: list[Row]) -> list[str]:
         text = row.figures + (f" ({row.detail})" if row.detail else "")
         lines.append(f"{row.name:<{width}}  {row.status:<7}  {row.tolerance:<{tol}}  {text}")
     return lines
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|") or " "
+
+
+def markdown(document: dict) -> str:
+    """The results file's markdown: the machine, the time each check took against its
+    budget, and the rows (``document`` as :func:`write_results` takes it)."""
+    lines = [f"# GPU check, {document['date']}: {document['gpus']} x {document['gpu']}", "",
+             "| | |", "|---|---|"]
+    lines += [f"| {key} | {_cell(str(value))} |" for key, value in document["machine"].items()]
+    lines += ["", f"Command: `{document['command']}`; exit status {document['exit_status']}; "
+              f"{document['total_s']:.0f} s in all.", "",
+              "| check | seconds | budget (s) |", "|---|---|---|"]
+    lines += [f"| {letter}: {entry['what']} | {entry['seconds']:.0f} | "
+              f"{entry['budget_s'] if entry['budget_s'] is not None else 'none'} |"
+              for letter, entry in document["timing"].items()]
+    lines += ["", "| check | status | tolerance | figures |", "|---|---|---|---|"]
+    for row in document["rows"]:
+        text = row["figures"] + (f" ({row['detail']})" if row["detail"] else "")
+        lines.append(f"| {_cell(row['name'])} | {row['status']} | {_cell(row['tolerance'])} | "
+                     f"{_cell(text)} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_results(prefix: Path, document: dict) -> list[Path]:
+    """``PREFIX.md`` and ``PREFIX.json`` of one run of the checks. ``document``: ``date``,
+    ``gpu``, ``gpus``, ``machine`` (name -> value), ``command``, ``exit_status``,
+    ``total_s``, ``timing`` (letter -> what, seconds, budget_s) and ``rows`` (:class:`Row`
+    or their dicts)."""
+    document = dict(document, rows=[asdict(r) if isinstance(r, Row) else r
+                                    for r in document["rows"]])
+    prefix = Path(prefix)
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    md, js = prefix.with_name(prefix.name + ".md"), prefix.with_name(prefix.name + ".json")
+    md.write_text(markdown(document))
+    js.write_text(json.dumps(document, indent=1) + "\n")
+    return [md, js]

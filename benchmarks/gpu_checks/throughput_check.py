@@ -22,6 +22,7 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.gpu_checks.results import FAIL, PASS, SKIPPED, Row
+from benchmarks.gpu_checks.trainer_runs import plan_result, start_plan
 from benchmarks.harness.paths import REPO
 
 __all__ = ["check_throughput", "plan_prediction"]
@@ -30,16 +31,9 @@ SCRIPT = REPO / "benchmarks" / "gpu_throughput.sh"
 
 
 def plan_prediction(config: str, gpus: int, gpu: str, overrides: list[str]) -> dict:
-    """``trainer plan --config CONFIG --nodes 1 --gpus-per-node GPUS --gpu GPU --json`` (its
+    """``trainer plan --json`` for one recipe at ``gpus`` GPUs of one node (its
     ``step_time_s``, ``tokens_per_s``, ``mfu``, ...); raises RuntimeError with its last line."""
-    done = subprocess.run([sys.executable, "-m", "bloomline.trainer", "plan", "--config", config,
-                           "--nodes", "1", "--gpus-per-node", str(gpus), "--gpu", gpu,
-                           "--json", *overrides], cwd=REPO, capture_output=True, text=True,
-                          timeout=600)
-    if done.returncode != 0:
-        last = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
-        raise RuntimeError(f"trainer plan exit {done.returncode}: {last[0]}")
-    return json.loads(done.stdout)
+    return plan_result(start_plan(config, gpus, gpu, overrides))
 
 
 def _row(measured: dict, gpu: str, note: str, overrides: list[str]) -> Row:
@@ -61,12 +55,13 @@ def _row(measured: dict, gpu: str, note: str, overrides: list[str]) -> Row:
 
 
 def check_throughput(gpu: str, note: str = "", overrides: tuple[str, ...] = (),
-                     timeout: float = 7200) -> list[Row]:
+                     timeout: float = 7200, env: dict | None = None) -> list[Row]:
     """Run the script, then one row per recipe it measured. ``gpu``: the plan's device key
-    (``plan_device``); ``note``: its caveat, shown on every row."""
+    (``plan_device``); ``note``: its caveat, shown on every row; ``env``: settings of the
+    script over ``os.environ``'s (a CPU dry run: ``DEVICE=cpu``)."""
     with tempfile.TemporaryDirectory(prefix="gpu_check_throughput_") as tmp:
         results = Path(tmp) / "results.jsonl"
-        env = dict(os.environ, RESULTS=str(results), BIN=str(Path(sys.executable).parent))
+        env = dict(os.environ, **(env or {}), RESULTS=str(results), PY=sys.executable)
         # its table goes straight to the terminal as it prints it (the runs take minutes);
         # stderr is kept for the one line of its no-GPU exit
         done = subprocess.run(["bash", str(SCRIPT), *overrides], cwd=REPO, env=env,

@@ -1,5 +1,5 @@
-"""`trainer pretrain` as the GPU checks run it: the demo corpus, one run in a subprocess, its
-per-step records, and the comparison of two runs' losses.
+"""`trainer pretrain` and `trainer plan` as the GPU checks run them: the demo corpus, one run in
+a subprocess, its per-step records, the comparison of two runs' losses, the plan of a run.
 
 The checks judge the trainer by what it writes (``metrics.jsonl``), so they test the real
 command, launcher included, rather than a copy of its loop.
@@ -9,7 +9,8 @@ Contract: :func:`ensure_demo_corpus` builds ``build/demo`` offline with the comm
 that point a recipe at it. :func:`pretrain` returns a :class:`Run` (exit status, the ``train``
 records of ``metrics.jsonl``, the end of the output). :func:`compare_losses` says whether two
 runs logged the same steps with losses (or another per-step value) within a relative
-tolerance.
+tolerance. :func:`start_plan` starts ``trainer plan --json`` in the background (it traces on
+the CPU, so it can run while a GPU trains) and :func:`plan_result` reads it.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pathlib import Path
 from benchmarks.harness.paths import REPO
 
 __all__ = ["DEMO", "LossComparison", "Run", "compare_losses", "ensure_demo_corpus",
-           "pretrain", "train_records"]
+           "plan_result", "pretrain", "start_plan", "train_records"]
 
 DEMO = REPO / "build" / "demo"
 # what the runs of these checks never need: evaluation, TensorBoard, activation stats, a
@@ -123,3 +124,28 @@ def compare_losses(got: list[dict], want: list[dict], rtol: float,
     if worst > rtol:
         problem = f"step {worst_step}: {key} relative difference {worst:.2e} > {rtol:.0e}"
     return LossComparison(worst, worst_step, problem)
+
+
+def start_plan(config: str, gpus: int, gpu: str, overrides: list[str]) -> subprocess.Popen:
+    """Start ``trainer plan --config CONFIG --nodes 1 --gpus-per-node GPUS --gpu GPU --json
+    OVERRIDES`` (``gpu``: a key of the plan's device table)."""
+    return subprocess.Popen([sys.executable, "-m", "bloomline.trainer", "plan", "--config",
+                             config, "--nodes", "1", "--gpus-per-node", str(gpus), "--gpu", gpu,
+                             "--json", *overrides], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def plan_result(process: subprocess.Popen, timeout: float = 600) -> dict:
+    """The JSON of a :func:`start_plan` (``step_time_s``, ``tokens_per_s``, ``mfu``,
+    ``ranks[i].memory_bytes.total``, ...); RuntimeError with its last line when it fails or
+    outlives ``timeout`` seconds (then it is killed)."""
+    try:
+        out, err = process.communicate(timeout=max(timeout, 1.0))
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.communicate()
+        raise RuntimeError(f"trainer plan did not finish within {timeout:.0f} s") from None
+    if process.returncode != 0:
+        last = (err or out).strip().splitlines()[-1:] or ["no output"]
+        raise RuntimeError(f"trainer plan exit {process.returncode}: {last[0]}")
+    return json.loads(out)
