@@ -48,9 +48,9 @@ def _row(measured: dict, gpu: str, note: str, overrides: list[str]) -> Row:
     except (RuntimeError, ValueError, subprocess.TimeoutExpired) as error:
         return Row(name, FAIL, ran, "none (reported)", f"plan: {error}")
     ratio = measured["step_time_s"] / plan["step_time_s"]
-    figures = (f"{ran}; plan ({gpu}) step {plan['step_time_s']:.3f} s, "
+    figures = (f"{ran}; plan ({gpu}) step {plan['step_time_s']:.3g} s, "
                f"{plan['tokens_per_s']:,.0f} tok/s, MFU {100 * plan['mfu']:.1f}%; "
-               f"measured/plan step time {ratio:.2f}")
+               f"measured/plan step time {ratio:.3g}")
     return Row(name, PASS, figures, "none (reported)", note)
 
 
