@@ -17,8 +17,9 @@ MAX_FUNCTION_LINES = 80
 FILES = sorted(BENCHMARKS.rglob("*.py"))
 # helper modules of the test folders, imported by bare name where a test folder is on sys.path
 TEST_MODULES = {"conftest", "distributed", "equivalence", "trainer_fixtures"}
-# the modules `make bench-*` runs: each has its measure/report split
-MAKEFILE_MODULES = sorted(set(re.findall(r"-m benchmarks\.(\w+)",
+# the modules `make bench-*` runs: each has its measure/report split (a helper module inside a
+# subpackage, as `make wheelhouse` runs benchmarks.gpu_checks.wheelhouse, is no benchmark)
+MAKEFILE_MODULES = sorted(set(re.findall(r"-m benchmarks\.(\w+)(?![\w.])",
                                          (ROOT / "Makefile").read_text(encoding="utf-8"))))
 
 

@@ -29,6 +29,7 @@ TINY = ["model.hidden_size=32", "model.num_layers=2", "model.num_heads=4",
         "monitor.peak_flops=1e12"]  # no start-up matmul timing: MFU is not read here
 
 
+@pytest.mark.compat
 @pytest.mark.slow
 def test_pretrain_generate_export_and_continue_from_the_command_line(tmp_path):
     """Bug: a command that works from Python but not from the CLI (argument parsing, defaults,

@@ -178,6 +178,7 @@ def test_activation_checkpointing_trains_the_same_and_keeps_names(mode):
 # -- pipeline equivalence -------------------------------------------------------------------
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize("schedule, partition", [
     ("gpipe", "parameters"), ("1f1b", "profile"), ("interleaved", "uniform")])
 def test_pp2_trains_like_one_process(schedule, partition):
@@ -185,7 +186,8 @@ def test_pp2_trains_like_one_process(schedule, partition):
     micro-batch count instead of parallel.pipeline_microbatches), a stage drops or
     duplicates blocks, the interleaved stages are assigned to the wrong ranks, the tied
     embedding's gradient misses the head's part, the clipping norm misses a stage or counts
-    the tied weight twice, or the loss is only known on the last stage."""
+    the tied weight twice, the loss is only known on the last stage, or the first stage
+    handed inputs a torch version refuses (2.11 checks their strides: torch_compat.py)."""
     parallel = {"pipeline_parallel": 2, "pipeline_schedule": schedule, "partition": partition}
     if schedule == "gpipe":  # the schedule splits the step into 8 micro-batches, not 4
         parallel["pipeline_microbatches"] = 8

@@ -88,6 +88,7 @@ def tp2() -> list[dict]:
     return run_distributed(2, _train_and_probe, _parallel(tensor_parallel=2))
 
 
+@pytest.mark.compat
 def test_tp2_trains_like_one_process(reference, tp2):
     """Bug: a wrong shard (QKV rows not by head, the row-wise bias added on every rank), a
     missing reduction (embedding partial sums, LayerNorm gradients), an untied head, a loss

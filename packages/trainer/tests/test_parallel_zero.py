@@ -244,6 +244,7 @@ def _assert_same(reference: dict, result: dict) -> None:
         assert abs(got - want) <= 1e-5 * want, f"step {step}: grad norm {got} vs {want}"
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize("stage", list(STAGES))
 def test_dp2_trains_like_one_process(runs, reference, stage):
     """Bug: a stage reduces gradients wrongly (summed instead of averaged, skipped on the

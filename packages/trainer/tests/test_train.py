@@ -23,6 +23,7 @@ def _run(cfg):
     return Trainer(cfg, log=lambda line: None).run()
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize("matmul", ["aten", "onednn"])
 def test_resume_is_bitwise_identical_to_an_uninterrupted_run(corpus, tmp_path, make_config,
                                                              matmul):

@@ -297,7 +297,9 @@ class Pipeline:
         self._losses = []
         self._sample_losses = [] if per_sample else None
         self._loss_divisor = count
-        args = (tokens[:, :-1],) if self.holds_first else ()
+        # contiguous: torch 2.11 checks each micro-batch's strides against the first
+        # one's, recorded contiguous (torch_compat.py), and a view of [b, L + 1] is not
+        args = (tokens[:, :-1].contiguous(),) if self.holds_first else ()
         target = tokens[:, 1:] if self.holds_last else None
         context = self.loss_context() if self.loss_context is not None else nullcontext()
         with context:

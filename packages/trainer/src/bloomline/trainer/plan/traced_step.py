@@ -46,6 +46,7 @@ import torch.nn.functional as F
 
 from bloomline.trainer.config import Config
 from bloomline.trainer.plan.rank_build import BuiltRank, built_rank, planned_config
+from bloomline.trainer.torch_compat import memory_tracker
 
 __all__ = ["TracedStep", "trace_ranks", "trace_step"]
 
@@ -111,7 +112,8 @@ def _dtensor_propagation_apart():
     """DTensor works out each op's output shape by running it on global-shape fake tensors,
     in the fake mode it finds active: ours, so the tracker would count those global-shape
     tensors (a whole vocabulary's logits where a tp rank holds a slice) as allocations. Given
-    a fake mode of its own, they are skipped, as the tracker does in an eager run."""
+    a fake mode of its own, they are skipped, as the tracker does in an eager run (the
+    trackers of ``torch_compat.memory_tracker``: torch's own skip them from 2.13 on only)."""
     from torch.distributed.tensor import _sharding_prop
 
     original = _sharding_prop.detect_fake_mode
@@ -147,16 +149,8 @@ def _create_optimizer_state(built: BuiltRank) -> None:
 
 
 def _tracker(built: BuiltRank):
-    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-    from torch.distributed._tools.mem_tracker import MemTracker
-    from torch.distributed.fsdp import FSDPModule
-
     optimizer = getattr(built.optimizer, "inner", built.optimizer)  # ZeRO-1 wraps one
-    if isinstance(built.model, FSDPModule):
-        return FSDPMemTracker(built.model, optimizer)
-    tracker = MemTracker()
-    tracker.track_external(built.model, optimizer)
-    return tracker
+    return memory_tracker(built.model, optimizer)
 
 
 def _micro_batch_step(built: BuiltRank, precision, tracker=None) -> int:

@@ -1,0 +1,81 @@
+"""The one place where the supported torch versions (2.11 to 2.15) behave differently for us.
+
+Each entry says which versions differ, how, and what every version gets from here instead,
+so that no other module checks torch's version.
+
+- Memory trackers (``torch.distributed._tools``: ``MemTracker``, ``FSDPMemTracker``), which
+  ``trainer plan``'s traced step runs under. DTensor works out an op's output shape by running
+  the op on global-shape tensors under a fake mode of its own (``_sharding_prop``'s
+  ``detect_fake_mode() or FakeTensorMode()``); those tensors are not allocations of the rank.
+  torch 2.13 has a check in both trackers' ``__torch_dispatch__`` (in ``__enter__`` they
+  record ``active_fake_mode()`` as ``_fake_mode_on_entry``, and they count an op's outputs
+  only while that same mode is active); 2.11's trackers count them all (2.12 not checked):
+  a tp rank's trace then holds whole-vocabulary logits and the optimizer step's global-shape
+  temporaries (the tiny recipe's pp2 x dp2 x tp2 first stage peaks inside the optimizer step
+  at 31.4 MB instead of 25.6 MB, with no activations live). The trackers here make that
+  check on every version (on 2.13 and later it repeats torch's own), so a trace gives the
+  same bytes on each (checked on 2.11, 2.13 and 2.15).
+- Pipeline stages (``torch.distributed.pipelining``), no code here: torch 2.11's
+  ``PipelineStage.forward_one_chunk`` always checks the first stage's inputs
+  (``_validate_fwd_input`` -> ``_utils.validate_tensor_metadata``: shape, dtype and stride)
+  against the metadata its shape inference recorded with ``x.to("meta")``, which is
+  contiguous; from 2.13 on that check runs only under ``TORCH_DISTRIBUTED_DEBUG=DETAIL``
+  (``PipelineStage._runtime_validate``). A micro-batch of the view ``tokens[:, :-1]`` has
+  the row stride L + 1, so every pipelined step failed on 2.11 ("stride mismatch: expected
+  (L, 1) actual (L + 1, 1)"); ``Pipeline._run`` hands the schedule a contiguous copy, on
+  every version.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+__all__ = ["memory_tracker"]
+
+
+def memory_tracker(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None):
+    """A torch memory tracker for one training step of ``model`` and ``optimizer``:
+    ``FSDPMemTracker`` when the model is FSDP2-sharded (it tells all-gather and reduce-scatter
+    buffers apart), else ``MemTracker`` tracking both; either one counting only what is
+    allocated under the fake mode (if any) active when it is entered."""
+    # torch's private memory-tracking tools: imported only by the planner's traced step
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed._tools.mem_tracker import MemTracker
+    from torch.distributed.fsdp import FSDPModule
+
+    if isinstance(model, FSDPModule):
+        return _own_fake_mode_only(FSDPMemTracker)(model, optimizer)
+    tracker = _own_fake_mode_only(MemTracker)()
+    tracker.track_external(model, optimizer)
+    return tracker
+
+
+_TRACKERS: dict[type, type] = {}
+
+
+def _own_fake_mode_only(base: type) -> type:
+    """``base`` counting tensors (``_track``) and peaks (``_update_peak_stats``, both only
+    called from its ``__torch_dispatch__``) only under the fake mode active at its entry."""
+    if base in _TRACKERS:
+        return _TRACKERS[base]
+    from torch._guards import active_fake_mode
+
+    class Tracker(base):
+        def __enter__(self) -> Any:
+            if self._depth == 0:
+                self._bloomline_fake_mode = active_fake_mode()
+            return super().__enter__()
+
+        def _track(self, reftype: Any, t: torch.Tensor) -> None:
+            if active_fake_mode() is self._bloomline_fake_mode:
+                super()._track(reftype, t)
+
+        def _update_peak_stats(self, peak_state: Any) -> None:
+            if active_fake_mode() is self._bloomline_fake_mode:
+                super()._update_peak_stats(peak_state)
+
+    Tracker.__name__ = Tracker.__qualname__ = base.__name__
+    _TRACKERS[base] = Tracker
+    return Tracker
