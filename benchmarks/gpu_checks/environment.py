@@ -97,11 +97,11 @@ def _installed_roots() -> list[Path] | None:
 
 def _bloomline_problem(wheelhouse: Path) -> str | None:
     """Step 2: bloomline importable, from this checkout's sources."""
-    want = checkout_digest()
     roots = _installed_roots()
     checkout = REPO / "packages"
     if roots is not None and all(checkout in root.resolve().parents for root in roots):
         return None  # an editable install of this very checkout: its code is the checkout
+    want = checkout_digest()
     if roots is not None and source_digest(roots) == want:
         return None  # installed from wheels of the same sources
     built = wheelhouse / SOURCE_FILE

@@ -26,7 +26,7 @@ the labels leak into the inputs (unshifted labels score the copied token).
 
 Contract: :func:`check_one_gpu_run` returns two :class:`Row` (the run, the plan beside it);
 ``overrides`` go after the check's own, to the run and the plan alike (a CPU dry run of the
-plumbing: ``train.device=cpu precision.dtype=fp32 model.num_layers=2 data.seq_length=128 ...``).
+plumbing: the tiny recipe with ``train.device=cpu precision.dtype=fp32 data.seq_length=128``).
 ``budget_s`` bounds the run and the plan (a run past it fails its row).
 """
 
@@ -45,6 +45,7 @@ from benchmarks.gpu_checks.trainer_runs import (
     plan_result,
     pretrain,
     start_plan,
+    stop,
 )
 from benchmarks.harness.paths import REPO
 
@@ -94,22 +95,19 @@ def check_one_gpu_run(gpu: str, config: str = "configs/350m.toml",
                 # L + 1 tokens, and the trainer refuses an empty split; no evaluation runs
                 "data.split=98,2,0", *shared]
     planning = start_plan(config, 1, gpu, shared)
+    failure = None
     try:
         with tempfile.TemporaryDirectory(prefix="gpu_check_step_") as tmp:
             run = pretrain(config, Path(tmp) / "run", settings,
                            timeout=budget_s - (time.monotonic() - began))
             vocab = _vocabulary(Path(tmp) / "run", recipe)
+        if not run.ok:
+            failure = f"exit {run.returncode}: {run.output_tail}"
     except subprocess.TimeoutExpired:
-        planning.kill()
-        planning.communicate()
-        return [Row(name, FAIL, tolerance=TOLERANCE,
-                    detail=f"the run did not finish within the check's {budget_s:.0f} s budget"),
-                Row(f"plan beside {name}", FAIL, detail="not compared: the run failed")]
-    if not run.ok:
-        planning.kill()
-        planning.communicate()
-        return [Row(name, FAIL, tolerance=TOLERANCE,
-                    detail=f"exit {run.returncode}: {run.output_tail}"),
+        failure = f"the run did not finish within the check's {budget_s:.0f} s budget"
+    if failure:
+        stop(planning)
+        return [Row(name, FAIL, tolerance=TOLERANCE, detail=failure),
                 Row(f"plan beside {name}", FAIL, detail="not compared: the run failed")]
     row, measured = judge(name, run.records, vocab)
     try:

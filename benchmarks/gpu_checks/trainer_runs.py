@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -25,7 +27,7 @@ from pathlib import Path
 from benchmarks.harness.paths import REPO
 
 __all__ = ["DEMO", "LossComparison", "Run", "compare_losses", "ensure_demo_corpus",
-           "plan_result", "pretrain", "start_plan", "train_records"]
+           "plan_result", "pretrain", "start_plan", "stop", "train_records"]
 
 DEMO = REPO / "build" / "demo"
 # what the runs of these checks never need: evaluation, TensorBoard, activation stats, a
@@ -34,8 +36,34 @@ QUIET = ["train.eval_interval=0", "monitor.tensorboard=false",
          "monitor.activation_stats_interval=0", "checkpoint.interval=0", "checkpoint.resume=none"]
 
 
+def _start(args: list[str]) -> subprocess.Popen:
+    """``args`` with its output captured, in a process group of its own, so that :func:`stop`
+    can end what it started too."""
+    return subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+
+
+def stop(process: subprocess.Popen) -> None:
+    """Kill ``process`` and its process group, and reap it. The group matters: killing the
+    trainer alone leaves its multiprocessing helpers (the resource tracker, loader workers,
+    the plan's forkserver) holding the output pipes, and reading them would never end."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.communicate()
+
+
 def _run(args: list[str], timeout: float) -> subprocess.CompletedProcess:
-    return subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    """``subprocess.run(args, timeout=...)`` that ends the whole group when it times out (or
+    the check is interrupted), then raises as ``subprocess.run`` does."""
+    process = _start(args)
+    try:
+        out, err = process.communicate(timeout=timeout)
+    except BaseException:
+        stop(process)
+        raise
+    return subprocess.CompletedProcess(args, process.returncode, out, err)
 
 
 def ensure_demo_corpus(timeout: float = 1800) -> list[str]:
@@ -129,10 +157,9 @@ def compare_losses(got: list[dict], want: list[dict], rtol: float,
 def start_plan(config: str, gpus: int, gpu: str, overrides: list[str]) -> subprocess.Popen:
     """Start ``trainer plan --config CONFIG --nodes 1 --gpus-per-node GPUS --gpu GPU --json
     OVERRIDES`` (``gpu``: a key of the plan's device table)."""
-    return subprocess.Popen([sys.executable, "-m", "bloomline.trainer", "plan", "--config",
-                             config, "--nodes", "1", "--gpus-per-node", str(gpus), "--gpu", gpu,
-                             "--json", *overrides], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return _start([sys.executable, "-m", "bloomline.trainer", "plan", "--config", config,
+                   "--nodes", "1", "--gpus-per-node", str(gpus), "--gpu", gpu, "--json",
+                   *overrides])
 
 
 def plan_result(process: subprocess.Popen, timeout: float = 600) -> dict:
@@ -142,8 +169,7 @@ def plan_result(process: subprocess.Popen, timeout: float = 600) -> dict:
     try:
         out, err = process.communicate(timeout=max(timeout, 1.0))
     except subprocess.TimeoutExpired:
-        process.kill()
-        process.communicate()
+        stop(process)
         raise RuntimeError(f"trainer plan did not finish within {timeout:.0f} s") from None
     if process.returncode != 0:
         last = (err or out).strip().splitlines()[-1:] or ["no output"]
