@@ -313,3 +313,22 @@ def test_check_a_skips_what_its_budget_leaves_no_time_for():
     assert rows[0].status == PASS  # the first case always runs
     assert [row.status for row in rows[1:]] == [SKIPPED] * 3
     assert "budget" in rows[1].detail
+
+
+def test_a_budget_ends_a_run_whose_helpers_hold_its_output():
+    """Catches: a check's budget that cannot end a run. Killing the trainer alone leaves its
+    multiprocessing helpers (resource tracker, loader workers) holding the captured output
+    open, and reading it waited for them: a 3 s budget hung for minutes. A stand-in trainer
+    that starts such a helper and never finishes must come back as a timeout, helper gone."""
+    from benchmarks.gpu_checks import trainer_runs
+
+    child = ("import subprocess, sys, time; "
+             "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); "
+             "print(p.pid, flush=True); time.sleep(600)")
+    with pytest.raises(subprocess.TimeoutExpired) as caught:
+        trainer_runs._run([sys.executable, "-c", child], timeout=2)
+    output = caught.value.output or ""
+    if output.strip():  # the helper's pid, when the child printed it before the kill
+        stat = Path(f"/proc/{int(output.split()[0])}/stat")
+        # gone, or a zombie nobody has reaped yet (its parent was killed with it)
+        assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"
