@@ -14,7 +14,7 @@ from bloomline.common.errors import UserError
 from bloomline.dataprep import tokenize_corpus
 from bloomline.trainer.checkpoint import write_manifest
 from bloomline.trainer.cli import app
-from bloomline.trainer.data import _load_tokenizer_cached
+from bloomline.trainer.data.run_tokenizer import _load_tokenizer_cached
 
 TINY = ["model.vocab_size=512", "model.hidden_size=32", "model.num_layers=2",
         "model.num_heads=4", "data.seq_length=32", "data.split=90,10,0", "data.num_workers=0",

@@ -5,17 +5,15 @@ The order is a pure function of the index (built by ``bloomline.dataprep``) and
 micro_batch_size x data-parallel size and hands each data-parallel rank its contiguous slice,
 exactly as Megatron's ``MegatronPretrainingSampler``. Resuming needs only the counter; a
 different data-parallel size sees the same samples in the same global order.
+
+This module's one job is what is read and in which order; the worker processes' lifecycle is
+``workers.py``'s, the tokenizer and the vocabulary checks around the samples are
+``run_tokenizer.py``'s and ``vocabulary.py``'s.
 """
 
 from __future__ import annotations
 
-import atexit
-import functools
-import importlib
-import os
 import re
-import signal
-import weakref
 from collections.abc import Iterator
 
 import numpy as np
@@ -24,16 +22,13 @@ from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 
 from bloomline.common.errors import UserError
 from bloomline.dataprep import IndexRequest, build_sample_datasets
-from bloomline.dataprep.fingerprint import check_tokenizer_matches, corpus_prefixes
-from bloomline.dataprep.tokenizer import load_tokenizer
-from bloomline.trainer.config import Config, DataConfig
+from bloomline.trainer.config import Config
+from bloomline.trainer.data.workers import TrackedLoader, close_loader, init_worker
 from bloomline.trainer.survival import faults
-from bloomline.trainer.survival.run_folder import close_inherited_locks
 from bloomline.trainer.survival.sample_skips import SkipRanges
 
-__all__ = ["MegatronSampler", "StepBatches", "TokenSamples", "check_token_ids", "close_loader",
-           "make_loader", "open_splits", "open_step_batches", "check_vocabulary",
-           "load_run_tokenizer"]
+__all__ = ["MegatronSampler", "StepBatches", "TokenSamples", "make_loader", "open_splits",
+           "open_step_batches"]
 
 
 class TokenSamples(Dataset):
@@ -172,9 +167,9 @@ def make_loader(samples: TokenSamples, sampler: MegatronSampler, num_workers: in
     kwargs = {}
     if num_workers > 0:
         kwargs = {"prefetch_factor": prefetch_factor, "persistent_workers": False,
-                  "worker_init_fn": _init_worker}
-    return _Loader(samples, batch_sampler=sampler, num_workers=num_workers,
-                   collate_fn=_keep_batch, pin_memory=pin_memory, **kwargs)
+                  "worker_init_fn": init_worker}
+    return TrackedLoader(samples, batch_sampler=sampler, num_workers=num_workers,
+                         collate_fn=_keep_batch, pin_memory=pin_memory, **kwargs)
 
 
 class StepBatches:
@@ -221,150 +216,3 @@ def open_step_batches(train: TokenSamples, cfg: Config, consumed_samples: int, d
     loader = make_loader(train, sampler, cfg.data.num_workers, cfg.data.prefetch_factor,
                          pin_memory)
     return StepBatches(sampler, loader, with_ids, cfg.model.vocab_size)
-
-
-# Loader workers and the end of the trainer process
-# ---------------------------------------------------
-# SLURM signals every process of a job step (and a terminal's Ctrl-C every process of the
-# foreground group), loader workers included: a worker that died of the SIGTERM, SIGUSR1 or
-# SIGINT meant for the trainer would fail the batch fetch before the checkpoint, so workers
-# ignore those three. That makes them immune to ``multiprocessing``'s own last resort, too:
-# at interpreter exit it SIGTERMs the daemonic children still alive and then joins them
-# without a timeout. A loader iterator still referenced then (by the traceback of the
-# exception that ends the run, say) has live workers, which wait for the trainer, which waits
-# for them: the run printed its traceback and hung. So the trainer shuts its iterators down
-# itself (``close_loader`` in the loop's ``finally``), an ``atexit`` hook does it for any
-# iterator left (registered after ``multiprocessing``'s and torch's, it runs before them),
-# and a worker dies with the trainer however the trainer dies (below).
-_LIVE: weakref.WeakSet = weakref.WeakSet()
-
-
-class _Loader(DataLoader):
-    """A ``DataLoader`` whose multi-process iterators are tracked for ``close_loader``."""
-
-    def __iter__(self):
-        iterator = super().__iter__()
-        if self.num_workers > 0:
-            _LIVE.add(iterator)
-        return iterator
-
-
-def close_loader(iterator) -> None:
-    """Stop the worker processes of a loader iterator now (None, a single-process iterator or
-    one already closed: nothing to do). Torch's shutdown asks each worker to exit and waits
-    up to 5 s; a worker still alive after that (stuck in a read) is SIGKILLed: it ignores
-    SIGTERM."""
-    if iterator is None or not hasattr(iterator, "_shutdown_workers"):
-        return
-    _LIVE.discard(iterator)
-    workers = list(getattr(iterator, "_workers", ()))
-    try:
-        iterator._shutdown_workers()
-    finally:
-        for worker in workers:
-            if worker.is_alive():
-                try:
-                    os.kill(worker.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                worker.join(timeout=5)
-
-
-def _close_live_loaders() -> None:
-    for iterator in list(_LIVE):
-        close_loader(iterator)
-
-
-# atexit runs its hooks last registered first: this one must come after multiprocessing's
-# (the SIGTERM-and-join) and torch's (which makes its shutdown a no-op at exit)
-importlib.import_module("multiprocessing.util")
-importlib.import_module("torch.utils.data._utils")
-atexit.register(_close_live_loaders)
-
-
-def _init_worker(worker_id: int) -> None:  # noqa: ARG001 - worker_init_fn signature
-    """A loader worker ignores the stop signals meant for the trainer and dies with it.
-
-    Death with the trainer: ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` on Linux, rather than a
-    parent-pid check. Torch's workers check their parent's pid already, but only between
-    batches and every 5 s; the kernel's signal comes the moment the trainer dies however it
-    dies (SIGKILL, the OOM killer, the watchdog's ``_exit``), also to a worker blocked in a
-    read, and so also releases at once what the worker inherited with the fork: the run
-    folder's lock (closed here as well) is held until every copy of its descriptor is closed,
-    and a lingering worker would refuse the restart of a killed run. The signal follows the
-    thread that started the worker: the trainer starts its loaders from the thread that runs
-    the loop, which lives as long as the run. Elsewhere (macOS) torch's check remains."""
-    for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
-        signal.signal(sig, signal.SIG_IGN)
-
-    close_inherited_locks()
-    _die_with_parent()
-
-
-def _die_with_parent() -> None:
-    import multiprocessing
-
-    parent = multiprocessing.parent_process()
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        pr_set_pdeathsig = 1
-        if libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0) != 0:
-            return
-    except (OSError, AttributeError):  # not Linux
-        return
-    if parent is not None and os.getppid() != parent.pid:  # the trainer died before prctl
-        os._exit(1)
-
-
-def load_run_tokenizer(data: DataConfig):
-    """The run's tokenizer (``data.tokenizer``, ``data.eod_token``), or None when unset.
-
-    Loaded once per process: a 250k-entry vocabulary takes a moment, and the run asks for it
-    several times (vocabulary size, corpus check, generate).
-    """
-    if not data.tokenizer:
-        return None
-    return _load_tokenizer_cached(data.tokenizer, data.eod_token or None)
-
-
-@functools.lru_cache(maxsize=4)
-def _load_tokenizer_cached(spec: str, eod_token: str | None):
-
-    try:
-        return load_tokenizer(spec, eod_token)
-    except UserError as err:
-        raise UserError(f"data.tokenizer: {err}") from None
-
-
-def check_vocabulary(data: DataConfig, model_vocab: int) -> int | None:
-    """The tokenizer's vocabulary size, checked against the model's embedding rows, and the
-    corpus's token files checked against the tokenizer that made them (their fingerprints).
-
-    Raises:
-        UserError: a vocabulary larger than the model's, or a corpus file another tokenizer
-            made.
-    """
-    tokenizer = load_run_tokenizer(data)
-    if tokenizer is None:
-        return None
-    if tokenizer.vocab_size > model_vocab:
-        raise UserError(f"data.tokenizer {data.tokenizer}: vocabulary of "
-                        f"{tokenizer.vocab_size} tokens is larger than model.vocab_size "
-                        f"{model_vocab}; raise model.vocab_size (or set it to 0 to size it "
-                        "from the tokenizer)")
-    if data.corpus:
-
-        check_tokenizer_matches(corpus_prefixes(data.corpus), tokenizer, "data.tokenizer")
-    return tokenizer.vocab_size
-
-
-def check_token_ids(micro_batches: list[torch.Tensor], vocab_size: int, corpus: str,
-                    step: int) -> None:
-    """Refuse a step's batch holding a token id the model's vocabulary has no row for."""
-    largest = max(int(batch.max()) for batch in micro_batches)
-    if largest >= vocab_size:
-        raise UserError(f"data.corpus {corpus}: token id {largest} in the batch of step "
-                        f"{step} is >= model.vocab_size {vocab_size}: the data's vocabulary "
-                        "is larger than the model's")

@@ -1,0 +1,32 @@
+"""The trainer's data: dataprep's samples as micro-batches in Megatron's order, and the checks
+around them.
+
+Modules:
+
+- ``loader.py``: ``TokenSamples``, ``MegatronSampler``, ``open_splits``, ``make_loader``,
+  ``StepBatches`` and ``open_step_batches``: what is read, in which order;
+- ``workers.py``: the loader's worker processes (tracked, closed by ``close_loader``, dead
+  with the trainer);
+- ``run_tokenizer.py``: ``load_run_tokenizer``, the run's tokenizer, loaded once per process;
+- ``vocabulary.py``: ``check_vocabulary`` and ``check_token_ids``, the tokenizer, corpus and
+  batches against the model's vocabulary.
+
+This package re-exports the names callers use; tests that monkeypatch a name patch the
+module that defines it.
+"""
+
+from bloomline.trainer.data.loader import (
+    MegatronSampler,
+    StepBatches,
+    TokenSamples,
+    make_loader,
+    open_splits,
+    open_step_batches,
+)
+from bloomline.trainer.data.run_tokenizer import load_run_tokenizer
+from bloomline.trainer.data.vocabulary import check_token_ids, check_vocabulary
+from bloomline.trainer.data.workers import close_loader
+
+__all__ = ["MegatronSampler", "StepBatches", "TokenSamples", "check_token_ids",
+           "check_vocabulary", "close_loader", "load_run_tokenizer", "make_loader",
+           "open_splits", "open_step_batches"]
