@@ -11,7 +11,13 @@ import pytest
 # trainer_fixtures and equivalence are imported by name in tests and, pickled by
 # reference, in the processes run_distributed spawns (which inherit sys.path). Appended, not
 # prepended: the repository root's conftest must stay the one `from conftest import` finds.
-sys.path.append(str(Path(__file__).parent))
+# The tests are grouped in folders as the source is (parallel/, survival/, ...); a folder is
+# on sys.path too, for the test modules imported by name from another test (test_run_restarts
+# uses test_parallel_launch's helpers): test file names stay unique across the folders.
+TESTS = Path(__file__).parent
+sys.path.append(str(TESTS))
+sys.path.extend(str(folder) for folder in sorted(TESTS.iterdir())
+                if folder.is_dir() and any(folder.glob("test_*.py")))
 
 from trainer_fixtures import tiny_config, write_corpus  # noqa: E402
 

@@ -22,7 +22,7 @@ from bloomline.common.config_loader import to_toml
 from bloomline.trainer.loop import Trainer
 from bloomline.trainer.survival.preemption import PREEMPTED_EXIT_CODE
 
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).parents[1]  # the tests root: the helper modules
 STEPS = 24
 
 

@@ -19,13 +19,13 @@ from pathlib import Path
 
 import pytest
 
-TESTS = Path(__file__).parent
-ROOT = TESTS.parents[2]
+TESTS = Path(__file__).parent  # this folder (``python -m test_parallel_launch``) and above it
+ROOT = TESTS.parents[3]          # the helper modules, on the PYTHONPATH of what it runs
 
 
 def _env() -> dict:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(TESTS), *filter(None, [os.environ.get("PYTHONPATH")])]))
+        [str(TESTS), str(TESTS.parent), *filter(None, [os.environ.get("PYTHONPATH")])]))
     env.pop("LOGLEVEL", None)
     return env
 

@@ -34,7 +34,7 @@ from bloomline.trainer.checkpoint.manifest import verify_checkpoint
 from bloomline.trainer.survival.preemption import PREEMPTED_EXIT_CODE
 from bloomline.trainer.survival.run_folder import RunLock
 
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).parents[1]  # the tests root: the helper modules
 STEPS = 12
 TAG = "BLOOMLINE_TEST_TAG"
 

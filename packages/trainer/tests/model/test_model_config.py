@@ -12,7 +12,7 @@ from bloomline.common.errors import UserError
 from bloomline.trainer.config import Config, load_trainer_config
 from bloomline.trainer.model import GPT, ModelConfig, build_model, padded_vocab_size
 
-CONFIGS = Path(__file__).resolve().parents[3] / "configs"
+CONFIGS = Path(__file__).resolve().parents[4] / "configs"
 
 # published parameter counts (BLOOM model cards) or nominal sizes (GPT-3 table)
 SIZES = {"125m": (125e6, 0.05), "350m": (350e6, 0.05), "1b3": (1.3e9, 0.05),

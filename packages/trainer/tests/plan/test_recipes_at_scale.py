@@ -20,7 +20,7 @@ from bloomline.trainer.config import load_trainer_config
 from bloomline.trainer.plan.planner import activation_breakdown, formula_layout, stated_world
 from bloomline.trainer.plan.rank_build import RankPlan, build_rank
 
-CONFIGS = Path(__file__).resolve().parents[3] / "configs"
+CONFIGS = Path(__file__).resolve().parents[4] / "configs"
 RECIPES = sorted(p.stem for p in CONFIGS.glob("*.toml"))
 
 # Device memory each recipe is meant for (bytes). Vendor capacities, not measurements: an

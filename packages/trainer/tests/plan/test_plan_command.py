@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from bloomline.common.errors import UserError
 from bloomline.trainer.cli import app
 
-CONFIGS = Path(__file__).resolve().parents[3] / "configs"
+CONFIGS = Path(__file__).resolve().parents[4] / "configs"
 BLOOM = str(CONFIGS / "176b.toml")
 GIB = 2 ** 30
 

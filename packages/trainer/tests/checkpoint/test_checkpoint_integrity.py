@@ -31,7 +31,7 @@ from bloomline.trainer.parallel.local_processes import run_distributed
 # DCP warns that it saves in one process; the async save does it from a background thread
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).parents[1]  # the tests root: the helper modules
 # 20 steps of 4 samples, a checkpoint every 5, the last 3 kept: steps 10, 15, 20
 SETTINGS = {"train": {"train_samples": 80, "log_interval": 1},
             "checkpoint": {"interval": 5, "keep_last": 3}}

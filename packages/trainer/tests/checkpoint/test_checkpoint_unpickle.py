@@ -41,7 +41,7 @@ from bloomline.trainer.parallel.local_processes import run_distributed
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).parents[1]  # the tests root: the helper modules
 REPO = TESTS.parents[2]
 SETTINGS = {"train": {"train_samples": 8}}  # 2 steps; the run ends with checkpoint step 2
 STEP = 2
