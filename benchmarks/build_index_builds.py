@@ -155,18 +155,18 @@ def child_floor(cfg: dict) -> dict:
     same permutation; its numba import and kernel load timed apart first); one component at
     a time (each builder also finishes one before the next)."""
     # in the child only: the kernels' import is timed apart from the shuffles
-    from bloomline.dataprep import gpt_samples
+    from bloomline.dataprep import gpt_index
 
     start = time.perf_counter()
     for dtype in (np.int32, np.uint32):  # import numba, load both kernels from its cache
-        gpt_samples.shuffle(np.random.RandomState(0),
-                            np.arange(gpt_samples._COMPILED_FROM, dtype=dtype))
+        gpt_index.shuffle(np.random.RandomState(0),
+                            np.arange(gpt_index._COMPILED_FROM, dtype=dtype))
     out, rss_before = {"compiled_load": time.perf_counter() - start}, rss_bytes()
     for case, components in cfg["cases"].items():  # single first: its peak is the smaller
         seconds = {"numpy": 0.0, "ours": 0.0}
         for comp in components:
             for way, shuffle in (("numpy", lambda rng, a: rng.shuffle(a)),
-                                 ("ours", gpt_samples.shuffle)):
+                                 ("ours", gpt_index.shuffle)):
                 rng = np.random.RandomState(SEED)
                 ids = np.arange(comp["documents"], dtype=np.int32)
                 epochs = comp["epochs"]

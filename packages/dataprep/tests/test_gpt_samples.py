@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 
 from bloomline.common import UserError
-from bloomline.dataprep import IndexedDataset, IndexedDatasetWriter, gpt_samples
-from bloomline.dataprep.gpt_samples import (
-    GPTSampleDataset,
+from bloomline.dataprep import IndexedDataset, IndexedDatasetWriter, gpt_index
+from bloomline.dataprep.gpt_index import (
     _sample_starts,
     build_sample_index,
     parse_split,
     split_sequence_ranges,
 )
+from bloomline.dataprep.gpt_samples import GPTSampleDataset
 
 
 def test_split_ranges_by_hand():
@@ -115,7 +115,7 @@ def test_identical_to_megatron_core(tmp_path, monkeypatch, compiled):
     import warnings
 
     if compiled:
-        monkeypatch.setattr(gpt_samples, "_COMPILED_FROM", 2)
+        monkeypatch.setattr(gpt_index, "_COMPILED_FROM", 2)
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -174,7 +174,7 @@ def test_compiled_shuffle_is_randomstate_shuffle(monkeypatch, dtype):
     wrong mask or rejection at a power of two, a Mersenne Twister refill off by one word) or
     leaves the generator elsewhere, which would change every later draw (the shuffle index,
     the next split): Megatron's orders would no longer carry over."""
-    monkeypatch.setattr(gpt_samples, "_COMPILED_FROM", 2)
+    monkeypatch.setattr(gpt_index, "_COMPILED_FROM", 2)
     rng = np.random.default_rng(3)
     # sizes around powers of two (mask changes) and past many 624-word refills
     for size in (2, 3, 4, 5, 17, 624, 1025, 4096, 4097, 70_001):
@@ -186,7 +186,7 @@ def test_compiled_shuffle_is_randomstate_shuffle(monkeypatch, dtype):
             expected = np.arange(size, dtype=dtype) * 3
             got = expected.copy()
             theirs.shuffle(expected)
-            gpt_samples.shuffle(ours, got)
+            gpt_index.shuffle(ours, got)
             np.testing.assert_array_equal(got, expected, f"size {size}, skip {skip}")
             assert np.array_equal(ours.randint(1 << 30, size=5), theirs.randint(1 << 30, size=5))
 
@@ -205,9 +205,9 @@ def test_compiled_sample_starts_equal_the_closed_form(monkeypatch, extra):
         document_index = rng.permutation(np.tile(np.arange(len(lengths), dtype=np.int32), 3))
         seq_length = int(rng.integers(1, 9))
         num_built = (int(lengths.sum()) * 3 - extra) // seq_length
-        monkeypatch.setattr(gpt_samples, "_COMPILED_FROM", 1 << 62)
+        monkeypatch.setattr(gpt_index, "_COMPILED_FROM", 1 << 62)
         closed = _sample_starts(lengths, document_index, seq_length, num_built, extra=extra)
-        monkeypatch.setattr(gpt_samples, "_COMPILED_FROM", 1)
+        monkeypatch.setattr(gpt_index, "_COMPILED_FROM", 1)
         compiled = _sample_starts(lengths, document_index, seq_length, num_built, extra=extra)
         np.testing.assert_array_equal(compiled, closed, (lengths, seq_length))
 
@@ -216,7 +216,7 @@ def test_last_row_without_extra_token_at_an_exact_multiple_of_l():
     """Catches: the last sample-index row left unfilled (garbage) when, without the extra
     token, the data ends exactly on a sample boundary: Megatron records (last position, its
     length) there."""
-    from bloomline.dataprep.gpt_samples import build_sample_index
+    from bloomline.dataprep.gpt_index import build_sample_index
 
     index = build_sample_index(np.full(10, 8, np.int32), range(10), 16, None, 1234,
                                add_extra_token=False)

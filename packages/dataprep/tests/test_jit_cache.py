@@ -9,14 +9,14 @@ import sys
 _SCRIPT = """
 import warnings
 import numpy as np
-from bloomline.dataprep import blending, gpt_samples
+from bloomline.dataprep import blending, gpt_index
 
 warnings.simplefilter("always")
 with warnings.catch_warnings(record=True) as caught:
     index, sample = blending.build_blend_indices(np.array([0.2, 0.3, 0.5]), 6)
-    gpt_samples._COMPILED_FROM = 2  # the compiled shuffle, however short the array
+    gpt_index._COMPILED_FROM = 2  # the compiled shuffle, however short the array
     ours, theirs = np.arange(1000), np.arange(1000)
-    gpt_samples.shuffle(np.random.RandomState(7), ours)
+    gpt_index.shuffle(np.random.RandomState(7), ours)
     np.random.RandomState(7).shuffle(theirs)
 assert index.tolist() == [2, 1, 0, 2, 1, 2] and sample.tolist() == [0, 0, 0, 1, 1, 2]
 assert np.array_equal(ours, theirs)

@@ -9,13 +9,13 @@ from bloomline.dataprep.build_index import (
     IndexRequest,
     build_sample_datasets,
 )
-from bloomline.dataprep.gpt_samples import (
-    GPTSampleDataset,
+from bloomline.dataprep.gpt_index import (
     SampleIndex,
     build_sample_index,
     parse_split,
     split_sequence_ranges,
 )
+from bloomline.dataprep.gpt_samples import GPTSampleDataset
 from bloomline.dataprep.indexed_dataset import (
     CorruptTokenFileError,
     IndexedDataset,

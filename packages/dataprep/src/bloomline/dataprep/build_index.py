@@ -3,7 +3,7 @@
 Mental model::
 
     CORPUS_DIR/NAME.bin/.idx (all of them, by name)
-      -> per dataset and split: GPTDataset indices (gpt_samples), cached
+      -> per dataset and split: GPTDataset indices (gpt_index), cached
       -> per split, when there are several datasets: blend indices (blending), cached
       -> per split: one sample dataset, ds[i] = L+1 int64 tokens
 
@@ -38,14 +38,14 @@ from bloomline.dataprep.blending import (
     normalize_weights,
 )
 from bloomline.dataprep.fingerprint import check_same_tokenizer
-from bloomline.dataprep.gpt_samples import (
+from bloomline.dataprep.gpt_index import (
     SPLIT_NAMES,
-    GPTSampleDataset,
     SampleIndex,
     build_sample_index,
     parse_split,
     split_sequence_ranges,
 )
+from bloomline.dataprep.gpt_samples import GPTSampleDataset
 from bloomline.dataprep.index_cache import CacheEntry, cached_arrays, file_identity
 from bloomline.dataprep.index_checks import blend_index_check, check_index_cache, gpt_index_check
 from bloomline.dataprep.indexed_dataset import IndexedDataset

@@ -19,7 +19,7 @@ from bloomline.common.config_loader import (
     resolve_paths,
 )
 from bloomline.common.errors import UserError
-from bloomline.dataprep.gpt_samples import parse_split
+from bloomline.dataprep import parse_split
 from bloomline.trainer.kernels.cpu.linear import CPU_FP32_MATMUL_CHOICES
 from bloomline.trainer.model.config import ModelConfig
 from bloomline.trainer.model_source import resolve_model_settings

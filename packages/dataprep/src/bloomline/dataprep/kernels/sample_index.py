@@ -1,5 +1,5 @@
-"""The compiled loops behind ``gpt_samples`` (numba), for large indices only: the same
-arrays as numpy's and Megatron's, faster (``docs/perf/dataprep-index-kernels.md``).
+"""The compiled loops behind ``gpt_index`` and ``gpt_samples`` (numba), for large indices
+only: the same arrays as numpy's and Megatron's, faster (``docs/perf/dataprep-index-kernels.md``).
 
 ``shuffle_mt19937`` is ``numpy.random.RandomState.shuffle`` of a 1-D array: the same swaps
 from the same Mersenne Twister draws, so the same permutation and the same generator state
@@ -16,11 +16,12 @@ from n - 1 down to 1, j = the first 32-bit draw ``& mask`` that is <= i (mask: t
 long are left to numpy.) Draws are MT19937's ``genrand_int32`` over the generator's 624-word key.
 
 ``sample_starts`` is Megatron's ``build_sample_idx`` loop, one pass over the document index
-(numpy's closed form in ``gpt_samples._sample_starts`` makes several passes and int64
+(numpy's closed form in ``gpt_index._sample_starts`` makes several passes and int64
 temporaries).
 
-Imported only when an index is large (``gpt_samples``): importing numba costs about what
-these loops save on a mid-sized index. numba's cache keeps the machine code (in
+Imported only when an index is large (``gpt_index``) or a batch is read
+(``gpt_samples.get_batch``): importing numba costs about what these loops save on a
+mid-sized index. numba's cache keeps the machine code (in
 ``__pycache__``, or its user cache folder where that is read-only), so only a machine's
 first build compiles (once per token dtype; ``kernels.jit``: where neither folder is
 writable, every process does).
