@@ -6,12 +6,13 @@ from bloomline.common.atomic import (
     check_can_write,
     publish,
 )
-from bloomline.common.errors import UserError, exit_on_user_error
+from bloomline.common.errors import SettingError, UserError, exit_on_user_error
 from bloomline.common.progress import Counter, Progress, format_duration
 
 __all__ = [
     "Counter",
     "Progress",
+    "SettingError",
     "UserError",
     "atomic_output_dir",
     "atomic_write_bytes",

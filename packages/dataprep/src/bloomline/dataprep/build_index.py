@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bloomline.common.errors import UserError
+from bloomline.common.errors import SettingError, UserError
 from bloomline.dataprep.blended_samples import BlendedSampleDataset
 from bloomline.dataprep.blending import (
     MAX_DATASETS,
@@ -49,6 +49,7 @@ from bloomline.dataprep.gpt_samples import GPTSampleDataset
 from bloomline.dataprep.index_cache import CacheEntry, cached_arrays, file_identity
 from bloomline.dataprep.index_checks import blend_index_check, check_index_cache, gpt_index_check
 from bloomline.dataprep.indexed_dataset import IndexedDataset
+from bloomline.dataprep.setting_names import setting_error
 
 __all__ = [
     "DEFAULT_SURPLUS",
@@ -133,38 +134,46 @@ def parse_weights(values: list[str]) -> dict[str, float]:
     for value in values:
         name, sep, text = value.partition("=")
         if not sep or not name:
-            raise UserError(f"--weight {value!r}: expected NAME=WEIGHT, e.g. wiki=0.3")
+            raise _weight_error(value, "expected NAME=WEIGHT, e.g. wiki=0.3")
         try:
             weight = float(text)
         except ValueError:
-            raise UserError(f"--weight {value!r}: {text!r} is not a number") from None
+            raise _weight_error(value, "{text!r} is not a number", text=text) from None
         if not math.isfinite(weight) or weight <= 0:
-            raise UserError(f"--weight {value!r}: the weight must be a positive number")
+            raise _weight_error(value, "the weight must be a positive number")
         if name in weights:
-            raise UserError(f"--weight {value!r}: {name!r} is weighted twice")
+            raise _weight_error(value, "{name!r} is weighted twice", name=name)
         weights[name] = weight
     return weights
 
 
+def _weight_error(value: str, problem: str, **values: object) -> SettingError:
+    return setting_error("weights", "{setting} {value!r}: " + problem, value=value, **values)
+
+
 def _check_request(request: IndexRequest, names: list[str]) -> None:
     if request.seq_length < 1:
-        raise UserError(f"--seq-length {request.seq_length}: must be at least 1")
+        raise setting_error("seq_length", "{setting} {value}: must be at least 1",
+                            value=request.seq_length)
     for split in SPLIT_NAMES:
         samples = request.samples(split)
         if samples is not None and samples < 1:
-            raise UserError(f"--{split}-samples {samples}: must be at least 1")
+            raise setting_error(f"{split}_samples", "{setting} {value}: must be at least 1",
+                                value=samples)
     if not (request.surplus >= 0 and math.isfinite(request.surplus)):
-        raise UserError(f"--surplus {request.surplus}: must be a non-negative number")
+        raise setting_error("surplus", "{setting} {value}: must be a non-negative number",
+                            value=request.surplus)
     if request.weights is None:
         return
     unknown = sorted(set(request.weights) - set(names))
     if unknown:
-        raise UserError(f"--weight {unknown[0]}=...: no dataset {unknown[0]!r} in the corpus "
-                        f"(it has: {', '.join(names)})")
+        raise setting_error("weights", "{setting}: no dataset {name!r} in the corpus (it has: "
+                            "{datasets})", entry=unknown[0], name=unknown[0],
+                            datasets=", ".join(names))
     missing = [name for name in names if name not in request.weights]
     if missing and len(names) > 1:
-        raise UserError(f"--weight: every dataset needs a weight when any has one; missing: "
-                        f"{', '.join(missing)}")
+        raise setting_error("weights", "{setting}: every dataset needs a weight when any has "
+                            "one; missing: {missing}", missing=", ".join(missing))
 
 
 def build_sample_datasets(corpus_dir: str | os.PathLike, request: IndexRequest,
@@ -175,7 +184,8 @@ def build_sample_datasets(corpus_dir: str | os.PathLike, request: IndexRequest,
     for it and memory-map the result (see :mod:`bloomline.dataprep.index_cache`).
 
     Raises:
-        UserError: naming the option or file at fault.
+        UserError: naming the file at fault, or (``SettingError``) the setting at fault,
+            worded with dataprep's flags (a front end rewords it: ``SettingError.named``).
     """
     corpus_dir = Path(corpus_dir)
     datasets = find_datasets(corpus_dir)
@@ -249,30 +259,36 @@ def _split_ranges(datasets: dict[str, IndexedDataset], split_weights: tuple[floa
         for name, dataset in datasets.items():
             ids = ranges.get(name)
             if ids is None or len(ids) == 0:
-                raise UserError(
-                    f"{dataset.idx_path}: the {split} split ({request.split}) gets none of "
-                    f"its {len(dataset)} sequences; give the split a larger share with "
-                    f"--split{_drop_hint(request.split, split)} or add data")
+                hint, dropped = _drop_hint(request.split, split)
+                raise setting_error(
+                    "split", "the {part} split ({value}) gets none of its {sequences} "
+                    "sequences; give the split a larger share with {setting}" + hint
+                    + " or add data", part=split, value=request.split,
+                    sequences=len(dataset), dropped=dropped).within(str(dataset.idx_path))
             tokens = int(dataset.sequence_lengths[ids.start : ids.stop].sum(dtype=np.int64))
             if tokens < needed:
-                raise UserError(
-                    f"{dataset.idx_path}: the {split} split (--split {request.split}) has 0 "
-                    f"samples and needs at least 1: its {len(ids)} sequences hold {tokens} "
-                    f"tokens, too few for one sample of {needed}; lower --seq-length or give "
-                    f"the split a larger share with --split{_drop_hint(request.split, split)}")
+                hint, dropped = _drop_hint(request.split, split)
+                raise setting_error(
+                    "split", "the {part} split ({setting} {value}) has 0 samples and needs at "
+                    "least 1: its {sequences} sequences hold {tokens} tokens, too few for one "
+                    "sample of {needed}; lower {seq_length} or give the split a larger share "
+                    "with {setting}" + hint, part=split, value=request.split,
+                    sequences=len(ids), tokens=tokens, needed=needed,
+                    dropped=dropped).within(str(dataset.idx_path))
     # splits in train, valid, test order
     return {split: ranges_by_split[split] for split in SPLIT_NAMES if split in ranges_by_split}
 
 
-def _drop_hint(split_arg: str, split: str) -> str:
-    """How to leave out a valid or test split the data cannot fill: the user's --split with
-    that share 0 (the train split cannot be left out)."""
+def _drop_hint(split_arg: str, split: str) -> tuple[str, str | None]:
+    """How to leave out a valid or test split the data cannot fill: a message template's
+    tail naming the user's split with that share 0 (the ``dropped`` value), or none (the train
+    split cannot be left out)."""
     shares = [part.strip() for part in split_arg.split(",")]
     position = SPLIT_NAMES.index(split)
     if position == 0 or position >= len(shares):
-        return ""
+        return "", None
     shares[position] = "0"
-    return f" (a 0 share leaves it out: --split {','.join(shares)})"
+    return " (a 0 share leaves it out: {split} {dropped})", ",".join(shares)
 
 
 def _gpt_entry(cache_dir: Path, name: str, dataset: IndexedDataset, identity: str, split: str,
@@ -290,6 +306,8 @@ def _gpt_entry(cache_dir: Path, name: str, dataset: IndexedDataset, identity: st
             index = build_sample_index(dataset.sequence_lengths, sequence_range,
                                        request.seq_length, num_samples, request.seed,
                                        request.add_extra_token)
+        except SettingError as error:  # the setting at fault stays named by the front end
+            raise error.within(f"{dataset.idx_path}: {split} split") from None
         except UserError as error:
             raise UserError(f"{dataset.idx_path}: {split} split: {error}") from None
         arrays = {"document_index": index.document_index, "sample_index": index.sample_index,
@@ -335,10 +353,12 @@ def _blend_entry(cache_dir: Path, split: str, names: list[str],
         counts = np.bincount(dataset_index, minlength=len(names)).tolist()
         for name, count, length in zip(names, counts, lengths, strict=True):
             if count > length:
-                raise UserError(
-                    f"--weight {name}: the {split} blend draws {count} samples from {name!r} "
-                    f"but its index holds {length}; raise --surplus (now {request.surplus}), "
-                    f"e.g. to {max(0.05, 10 * request.surplus):g}")
+                raise setting_error(
+                    "weights", "{setting}: the {part} blend draws {count} samples from "
+                    "{name!r} but its index holds {length}; raise {surplus} (now {now}), "
+                    "e.g. to {suggested:g}", entry=name, part=split, count=count, name=name,
+                    length=length, now=request.surplus,
+                    suggested=max(0.05, 10 * request.surplus))
         arrays = {"dataset_index": dataset_index, "dataset_sample_index": dataset_sample_index}
         metadata = {"size": len(dataset_index), "counts": counts,
                     "weights": blend_weights.tolist(), "exhaustive": size is None}

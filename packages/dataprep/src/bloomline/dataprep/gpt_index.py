@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bloomline.common.errors import UserError
+from bloomline.dataprep.setting_names import setting_error
 
 __all__ = [
     "SPLIT_NAMES",
@@ -48,21 +48,25 @@ def parse_split(split: str) -> tuple[float, float, float]:
     """``"969,30,1"`` -> normalized (train, valid, test) weights, padded with zeros.
 
     Raises:
-        UserError: naming ``--split`` for anything but one to three non-negative numbers with
-            a positive sum.
+        SettingError: about ``split`` (``--split``) for anything but one to three non-negative
+            numbers with a positive sum.
     """
-    usage = f"--split {split!r}: expected up to three non-negative numbers, e.g. 969,30,1"
+    usage = "expected up to three non-negative numbers, e.g. 969,30,1"
     try:
         values = [float(part) for part in split.split(",")]
     except ValueError:
-        raise UserError(usage) from None
+        raise _split_error(split, usage) from None
     if not 1 <= len(values) <= 3 or any(not math.isfinite(v) or v < 0 for v in values):
-        raise UserError(usage)
+        raise _split_error(split, usage)
     if sum(values) <= 0:
-        raise UserError(f"--split {split!r}: the weights must not all be zero")
+        raise _split_error(split, "the weights must not all be zero")
     values += [0.0] * (3 - len(values))
     weights = np.array(values, dtype=np.float64)
     return tuple((weights / weights.sum()).tolist())
+
+
+def _split_error(split: str, problem: str):
+    return setting_error("split", "{setting} {value!r}: " + problem, value=split)
 
 
 def split_sequence_ranges(num_sequences: int, weights: tuple[float, ...]
@@ -231,19 +235,22 @@ def build_sample_index(sequence_lengths: np.ndarray, sequence_ids: np.ndarray | 
         seed: the RandomState seed.
 
     Raises:
-        UserError: when L < 1 or the split holds too few tokens for one sample.
+        SettingError: about ``seq_length`` when L < 1 or the split holds too few tokens for
+            one sample.
     """
     if seq_length < 1:
-        raise UserError(f"--seq-length {seq_length}: must be at least 1")
+        raise setting_error("seq_length", "{setting} {value}: must be at least 1",
+                            value=seq_length)
     extra = int(add_extra_token)
     if isinstance(sequence_ids, range):  # np.asarray would iterate it in Python
         sequence_ids = np.arange(sequence_ids.start, sequence_ids.stop, sequence_ids.step)
     sequence_ids = np.asarray(sequence_ids, dtype=np.int64)
     tokens_per_epoch = int(np.asarray(sequence_lengths)[sequence_ids].sum(dtype=np.int64))
     if tokens_per_epoch < seq_length + extra:
-        raise UserError(f"split of {len(sequence_ids)} sequences holds {tokens_per_epoch} "
-                        f"tokens, too few for one sample of {seq_length + extra}; lower "
-                        "--seq-length or give the split a larger share")
+        raise setting_error("seq_length", "split of {sequences} sequences holds {tokens} "
+                            "tokens, too few for one sample of {needed}; lower {setting} or "
+                            "give the split a larger share", sequences=len(sequence_ids),
+                            tokens=tokens_per_epoch, needed=seq_length + extra)
     num_epochs = _num_epochs(tokens_per_epoch, seq_length, num_samples, extra)
     num_built = (num_epochs * tokens_per_epoch - extra) // seq_length
     separate = False

@@ -18,8 +18,9 @@ from bloomline.common.config_loader import (
     ranged,
     resolve_paths,
 )
-from bloomline.common.errors import UserError
+from bloomline.common.errors import SettingError, UserError
 from bloomline.dataprep import parse_split
+from bloomline.trainer.dataprep_keys import DATAPREP_KEYS
 from bloomline.trainer.kernels.cpu.linear import CPU_FP32_MATMUL_CHOICES
 from bloomline.trainer.model.config import ModelConfig
 from bloomline.trainer.model_source import resolve_model_settings
@@ -393,8 +394,8 @@ def _check_data(d: DataConfig) -> None:
 
     try:
         parse_split(d.split)
-    except UserError as err:  # dataprep names its flag; here it is a config field
-        raise UserError(str(err).replace("--split", "data.split")) from None
+    except SettingError as err:  # dataprep's setting, worded as the trainer's key
+        raise err.named(DATAPREP_KEYS) from None
     if d.weights and not any(weight > 0 for weight in d.weights.values()):
         raise UserError(f"data.weights {d.weights}: the weights must not all be zero")
 

@@ -13,17 +13,17 @@ This module's one job is what is read and in which order; the worker processes' 
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 
-from bloomline.common.errors import UserError
+from bloomline.common.errors import SettingError, UserError
 from bloomline.dataprep import IndexRequest, build_sample_datasets
 from bloomline.trainer.config import Config
 from bloomline.trainer.data.workers import TrackedLoader, close_loader, init_worker
+from bloomline.trainer.dataprep_keys import DATAPREP_KEYS
 from bloomline.trainer.survival import faults
 from bloomline.trainer.survival.sample_skips import SkipRanges
 
@@ -141,21 +141,11 @@ def open_splits(corpus: str, seq_length: int, train_samples: int, valid_samples:
                            seed=seed, weights=weights or None)
     try:
         built = build_sample_datasets(corpus, request, cache_dir=cache_dir or None)
-    except UserError as err:
-        # dataprep names its own CLI flags; here the same settings are config fields
-        err.args = (_trainer_keys(str(err)),)
-        raise
+    except SettingError as err:  # dataprep's settings, worded as the trainer's keys
+        raise err.named(DATAPREP_KEYS) from None
     if "train" not in built.splits:
         raise UserError(f"data.split {split!r}: gives the train split no documents")
     return {name: TokenSamples(ds, seq_length) for name, ds in built.splits.items()}
-
-
-def _trainer_keys(message: str) -> str:
-    """A build-index error with dataprep's flags named as the trainer's keys: ``--weight
-    wiki=...:`` and ``--weight wiki:`` become ``data.weights.wiki:``."""
-    message = re.sub(r"--weight (\w[\w.-]*?)(=\.\.\.)?:", r"data.weights.\1:", message)
-    return (message.replace("--weight:", "data.weights:")
-            .replace("--seq-length", "data.seq_length").replace("--split", "data.split"))
 
 
 def make_loader(samples: TokenSamples, sampler: MegatronSampler, num_workers: int,
