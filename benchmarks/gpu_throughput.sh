@@ -2,8 +2,9 @@
 # Training throughput of the 350M and 1.3B recipes on this machine's GPUs: tokens/s and MFU.
 #
 # For each recipe (configs/350m.toml, configs/1b3.toml), `trainer pretrain` runs under
-# torchrun over all visible GPUs (--nproc-per-node = their count; the recipe's layout, i.e.
-# data parallel over them, unless overridden) for STEPS optimizer steps at the recipe's
+# torchrun over all visible GPUs (--nproc-per-node = their count, passed as
+# parallel.world_size: the recipe's tp and pp, data parallel over the rest, unless overridden;
+# the recipe's own world may be another) for STEPS optimizer steps at the recipe's
 # micro-batch, global batch and sequence length, on the demo corpus (built here offline with
 # the dataprep commands of `make demo` when build/demo/corpus has no token files; the
 # recipe's model vocabulary of 50304 covers the demo tokenizer's 8000; split 98,2,0: the
@@ -83,7 +84,7 @@ for config in $CONFIGS; do
     if ! "$PY" -m torch.distributed.run --standalone --nproc-per-node "$NGPU" -m bloomline.trainer pretrain \
             --config "$config" \
             data.corpus="$DEMO/corpus" data.tokenizer="$DEMO/tokenizer/demo.model" \
-            train.run_dir="$run" train.global_batch_size="$gbs" \
+            train.run_dir="$run" train.global_batch_size="$gbs" parallel.world_size="$NGPU" \
             train.train_samples=$((STEPS * gbs)) train.log_interval="$LOG" \
             train.eval_interval=0 checkpoint.interval=0 checkpoint.resume=none \
             schedule.warmup=0 data.split=98,2,0 \

@@ -81,6 +81,37 @@ def test_one_gpu_skips_the_layouts_without_running_them():
     assert all("1 GPU" in row.detail for row in rows)
 
 
+def test_checks_b_and_c_start_each_recipe_at_a_world_it_states(monkeypatch):
+    """Catches (issue 36): a check starting a recipe on another number of processes than its
+    parallel.world_size without overriding it (b: 350m, a layout for 8 GPUs, on one; c:
+    tiny-cpu, a layout for 1 process, under --nproc 2), which pretrain refuses: the check would
+    fail on every GPU machine. Each start is held to the trainer's own rule
+    (``config.parallel_sizes``) for the processes it starts; the runs themselves are stubs."""
+    from types import SimpleNamespace
+
+    from benchmarks.gpu_checks import equivalence_check, step_check
+    from bloomline.trainer.config import load_trainer_config, parallel_sizes
+
+    started = []
+
+    def pretrain(config, run_dir, overrides, nproc=0, timeout=None):
+        cfg = load_trainer_config(REPO / config, overrides)
+        started.append((Path(config).stem, nproc or 1, parallel_sizes(cfg, nproc or 1)))
+        one_gpu_reference = nproc == 0 and "tiny" in config  # c compares its runs with it
+        return SimpleNamespace(ok=one_gpu_reference, returncode=1, output_tail="stub",
+                               records=[])
+
+    for module in (step_check, equivalence_check):
+        monkeypatch.setattr(module, "pretrain", pretrain)
+        monkeypatch.setattr(module, "ensure_demo_corpus", lambda: [])
+    monkeypatch.setattr(step_check, "start_plan", lambda *args: None)
+    monkeypatch.setattr(step_check, "stop", lambda planning: None)
+    step_check.check_one_gpu_run("h100-80gb")
+    check_layouts(2)
+    assert started == [("350m", 1, (1, 1, 1)), ("tiny-cpu", 1, (1, 1, 1)),
+                       ("tiny-cpu", 2, (1, 2, 1)), ("tiny-cpu", 2, (1, 1, 2))]
+
+
 @pytest.mark.parametrize("name, memory_gib, key", [
     ("NVIDIA H100 80GB HBM3", 80, "h100-80gb"),
     ("NVIDIA H100 PCIe", 80, "h100-80gb"),

@@ -72,7 +72,9 @@ def check_layouts(gpus: int, overrides: tuple[str, ...] = (),
                                 detail=f"the 1-GPU run: exit {one.returncode}: "
                                        f"{one.output_tail}"))
                 continue
-            run = pretrain(RECIPE, Path(tmp) / name, [*settings, layout], nproc=2,
+            # the recipe's layout is for 1 process: this one is for 2
+            run = pretrain(RECIPE, Path(tmp) / name,
+                           [*settings, "parallel.world_size=2", layout], nproc=2,
                            timeout=timeout)
             if not run.ok:
                 rows.append(Row(label, FAIL, tolerance=tolerance,

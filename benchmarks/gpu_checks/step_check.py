@@ -1,14 +1,14 @@
 """Check b: a short bf16 run of ``configs/350m.toml`` on one GPU, as ``trainer pretrain`` runs
 it, with ``trainer plan``'s prediction for the same run beside it.
 
-The recipe's model, micro-batch (8) and sequence length (2048), bf16, on the demo corpus, for
-:data:`STEPS` optimizer steps of :data:`MICRO_BATCHES` micro-batches each (gradient
-accumulation included; the first step compiles). It checks what a first GPU run can get wrong
-before any throughput matters: the command exits 0, every step logs a finite loss, the first
-loss is not below ln(vocabulary) by more than :data:`FLOOR_MARGIN`, the loss falls by the last
-step, and the peak memory is reported. It measures, as medians over the steps after the first
-:data:`WARMUP`: tokens/s, step time, the logged MFU, and the peak memory
-(``torch.cuda.max_memory_allocated``).
+The recipe's model, micro-batch (8) and sequence length (2048), bf16, on the demo corpus, on one
+GPU (``parallel.world_size=1`` in place of the recipe's 8), for :data:`STEPS` optimizer steps of
+:data:`MICRO_BATCHES` micro-batches each (gradient accumulation included; the first step
+compiles). It checks what a first GPU run can get wrong before any throughput matters: the
+command exits 0, every step logs a finite loss, the first loss is not below ln(vocabulary) by
+more than :data:`FLOOR_MARGIN`, the loss falls by the last step, and the peak memory is
+reported. It measures, as medians over the steps after the first :data:`WARMUP`: tokens/s, step
+time, the logged MFU, and the peak memory (``torch.cuda.max_memory_allocated``).
 
 Beside it, ``trainer plan --json`` for the same recipe, GPU count (1), device, batch and length
 (``trainer_runs.start_plan``, started before the run: it traces on the CPU while the GPU trains):
@@ -86,7 +86,9 @@ def check_one_gpu_run(gpu: str, config: str = "configs/350m.toml",
     recipe = _recipe(REPO / config)  # an absolute config stays itself
     micro = recipe["train"]["micro_batch_size"]
     batch = micro * MICRO_BATCHES
-    shared = ["precision.dtype=bf16", f"train.global_batch_size={batch}", *overrides]
+    # one GPU: the recipe's [parallel] layout is for its parallel.world_size (350m: 8)
+    shared = ["precision.dtype=bf16", f"train.global_batch_size={batch}",
+              "parallel.world_size=1", *overrides]
     dtype = [s.split("=", 1)[1] for s in shared if s.startswith("precision.dtype=")][-1]
     name = f"one {dtype} run of {Path(config).stem}"
     settings = [*ensure_demo_corpus(), f"train.train_samples={STEPS * batch}",

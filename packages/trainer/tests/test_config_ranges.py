@@ -237,6 +237,25 @@ def test_world_size_rules_and_configs_built_in_code(world, parallel, message):
         parallel_sizes(cfg, world)
 
 
+@pytest.mark.parametrize("world", [1, 4, 16])
+def test_a_layout_for_another_world_is_refused_in_one_line(world):
+    """Bug (issue 36): a recipe whose [parallel] layout is for 8 processes run by another
+    number of them (pretrain training a layout nobody planned: dp 1 or dp 16 of a recipe whose
+    batch, memory and plan assume dp 8), or refused with more than one line, without both
+    numbers or without what to do. Its own world passes, and any world with world_size 0."""
+    cfg = Config()
+    cfg.parallel.world_size = 8
+    with pytest.raises(UserError) as refused:
+        parallel_sizes(cfg, world)
+    text = str(refused.value)
+    assert text.startswith("parallel.world_size 8 (the recipe's layout: pp1 x dp8 x tp1) but "
+                           f"this run has {world} process") and "\n" not in text
+    assert f"override parallel.world_size={world} with a layout for it" in text
+    assert parallel_sizes(cfg, 8) == (1, 8, 1)
+    cfg.parallel.world_size = 0
+    assert parallel_sizes(cfg, 2) == (1, 2, 1)
+
+
 def test_check_ranges_sees_values_set_in_code():
     """Bug: ``validate`` trusting a tree changed after loading (``cfg.optimizer.lr = -1``)."""
     cfg = Config()
@@ -258,8 +277,17 @@ CLI_CASES = {
                       "train.train_samples = 1e+30: must be in [1, 2**40]"),
     "nproc_watchdog": (["--nproc", "2", "watchdog.startup_seconds=0"],
                        "watchdog.startup_seconds = 0: must be in (0, 1e8]"),
-    "nproc_layout": (["--nproc", "2", "parallel.tensor_parallel=4"],
+    "nproc_layout": (["--nproc", "2", "parallel.world_size=2", "parallel.tensor_parallel=4"],
                      "world size 2 is not divisible by parallel.tensor_parallel 4"),
+    # tiny-cpu states parallel.world_size = 1 (a vocabulary given: no tokenizer is read)
+    "nproc_world": (["--nproc", "2", "model.vocab_size=8064"],
+                    "error: parallel.world_size 1 (the recipe's layout: pp1 x dp1 x tp1) but "
+                    "this run has 2 processes: run 1 process (no --nproc), or override "
+                    "parallel.world_size=2 with a layout for it"),
+    "one_process_world": (["parallel.world_size=8", "model.vocab_size=8064"],
+                          "error: parallel.world_size 8 (the recipe's layout: pp1 x dp8 x tp1) "
+                          "but this run has 1 process: start 8 (trainer pretrain --nproc ... / "
+                          "torchrun), or override parallel.world_size=1 with a layout for it"),
 }
 
 
@@ -324,3 +352,13 @@ def test_launcher_refuses_before_starting_the_processes(name, cli_runs):
     layout for its world size, first and prints the error once."""
     stderr = _assert_one_error_line(cli_runs, name)
     assert "rank" not in stderr, stderr  # no worker ran: the launcher refused
+
+
+@pytest.mark.parametrize("name", ["nproc_world", "one_process_world"])
+def test_pretrain_refuses_a_world_the_layout_is_not_for(name, cli_runs):
+    """Bug (issue 36): ``trainer pretrain`` running a recipe's layout on another number of
+    processes than its parallel.world_size (tiny-cpu's 1 under ``--nproc 2``; a layout for 8
+    in one process), so that the run trains another layout than the one planned; or refusing
+    it with a traceback, more than one line, after the workers started, or exit 0."""
+    stderr = _assert_one_error_line(cli_runs, name)
+    assert "rank" not in stderr, stderr  # refused before any worker or process group

@@ -18,18 +18,19 @@ from bloomline.trainer.cli import app
 
 CONFIGS = Path(__file__).resolve().parents[4] / "configs"
 BLOOM = str(CONFIGS / "176b.toml")
+SEVEN_B = str(CONFIGS / "7b1.toml")
 GIB = 2 ** 30
 
 
-def _plan(*args: str) -> dict:
-    result = CliRunner().invoke(app, ["plan", "--config", BLOOM, "--json", "--no-trace", *args])
+def _plan(*args: str, config: str = BLOOM) -> dict:
+    result = CliRunner().invoke(app, ["plan", "--config", config, "--json", "--no-trace", *args])
     assert result.exit_code == 0, result.output
     return json.loads(result.output)
 
 
 def test_bloom_176b_plan_at_384_gpus_reports_each_rank_and_the_time_model():
     """The bug: `trainer plan` of the 176B recipe not building its stated 384-rank world (the
-    recipe's '# world size' ignored), putting the head anywhere but the last rank, reporting
+    recipe's parallel.world_size ignored), putting the head anywhere but the last rank, reporting
     memory that does not add up to its total or that disagrees with the ZeRO formula, or a
     JSON without the fields scripts read (ranks[].memory_bytes, fits, step_time_s, mfu)."""
     plan = _plan()
@@ -55,6 +56,48 @@ def test_bloom_176b_plan_at_384_gpus_reports_each_rank_and_the_time_model():
     assert 120 < plan["tflops_per_gpu"] < 180
     assert 80 < plan["step_time_s"] < 140
     assert 0 < plan["mfu"] < 1
+
+
+def test_7b1_plans_and_configures_the_layout_its_fields_state():
+    """The bug (issue 36): `trainer plan` approving tp4 pp2 dp4 from a comment while `trainer
+    config` (what pretrain runs) showed tp1 pp1: the plan and the run must read the same
+    [parallel] fields, world 32 = tp4 x pp2 x dp4, with no note of another world."""
+    plan = _plan("--rank", "0", config=SEVEN_B)
+    assert plan["world_size"] == 32 and plan["note"] is None
+    assert plan["layout"] == {"pp": 2, "dp": 4, "tp": 4}
+    shown = CliRunner().invoke(app, ["config", "--config", SEVEN_B, "--json"])
+    assert shown.exit_code == 0, shown.output
+    parallel = json.loads(shown.output)["parallel"]
+    assert (parallel["world_size"], parallel["tensor_parallel"],
+            parallel["pipeline_parallel"]) == (32, 4, 2)
+
+
+def test_nodes_plan_another_world_keeping_tp_and_pp_and_say_so():
+    """The bug (issue 36): `--nodes 8` dropping the recipe's layout silently (planning tp1 pp1
+    dp64 of 7b1), or planning another world without saying that it is not the recipe's. The
+    world becomes 8 x 8 = 64, tp4 pp2 kept, dp 8, and one line says so (in the text output
+    first, as `note` in the JSON)."""
+    note = "planning 64 GPUs (--nodes 8 x 8; the recipe states parallel.world_size 32)"
+    plan = _plan("--nodes", "8", "--rank", "0", config=SEVEN_B)
+    assert plan["world_size"] == 64 and plan["layout"] == {"pp": 2, "dp": 8, "tp": 4}
+    assert plan["note"] == note
+    text = CliRunner().invoke(app, ["plan", "--config", SEVEN_B, "--nodes", "8", "--rank", "0",
+                                    "--no-trace"])
+    assert text.exit_code == 0, text.output
+    assert text.output.splitlines()[:2] == [
+        note, "64 x a100-80gb (80 GiB): pp2 x dp8 x tp4, 64 micro-batches per step on each "
+        "pipeline"]
+
+
+def test_a_recipe_without_a_world_needs_nodes():
+    """The bug: a recipe that states no parallel.world_size planned at some made-up world
+    (or failing with a traceback) when no --nodes is given: one line saying what to give."""
+    result = CliRunner().invoke(app, ["plan", "--config", SEVEN_B, "--no-trace",
+                                      "parallel.world_size=0"])
+    assert result.exit_code != 0 and isinstance(result.exception, (UserError, SystemExit))
+    text = str(result.exception) + result.output
+    assert "no world to plan: set parallel.world_size in the recipe (or override it), or give " \
+           "--nodes N (and --gpus-per-node)" in text, text
 
 
 def test_the_same_model_on_one_tensor_parallel_rank_does_not_fit():

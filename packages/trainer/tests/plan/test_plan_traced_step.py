@@ -150,9 +150,9 @@ def test_three_dimensional_ranks_real_and_traced_peaks_agree_within_10_percent()
     schedule; each stage's traced first rank against the median of the stage's four real
     ranks (they do the same work; gloo's threads now and then allocate a few MiB more on one
     of them at its peak)."""
-    overrides = [*BASE, "parallel.pipeline_parallel=2", "parallel.tensor_parallel=2",
-                 "parallel.zero_stage=1", "train.micro_batch_size=2",
-                 "train.global_batch_size=8"]
+    overrides = [*BASE, "parallel.world_size=8", "parallel.pipeline_parallel=2",
+                 "parallel.tensor_parallel=2", "parallel.zero_stage=1",
+                 "train.micro_batch_size=2", "train.global_batch_size=8"]
     measured = run_distributed(8, _real_peak, overrides, 8)
     first, last = trace_ranks(load_trainer_config(TINY, overrides), 8, [0, 4], "cpu")
     assert (first.stage, first.micro_batches, last.stage, last.micro_batches) == (0, 2, 1, 1)

@@ -1,8 +1,9 @@
 """Every recipe in configs/ built at its stated world size, rank by rank, without the hardware.
 
-Each recipe states its world size in a ``# world size: N`` comment (with the layout overrides it
-is launched with, if any). For the first, a middle and the last rank, and for one rank of every
-pipeline stage, the rank is built through the trainer's own path on the meta device under a
+Each recipe states the world its layout is for as ``[parallel]`` fields (``world_size``, and
+``tensor_parallel`` / ``pipeline_parallel`` where not 1), which ``trainer pretrain`` holds a
+run to and ``trainer plan`` plans. For the first, a middle and the last rank, and for one rank
+of every pipeline stage, the rank is built through the trainer's own path on the meta device under a
 fake process group (``bloomline.trainer.plan.rank_build``) and checked: the stages partition
 the layers, the embedding / head / final norm sit where the pipeline needs them, the vocabulary
 is split over tp, and the model states fit the recipe's GPU with room for activations.
@@ -17,7 +18,7 @@ import pytest
 
 from bloomline.common.errors import UserError
 from bloomline.trainer.config import load_trainer_config
-from bloomline.trainer.plan.planner import activation_breakdown, formula_layout, stated_world
+from bloomline.trainer.plan.planner import activation_breakdown, formula_layout
 from bloomline.trainer.plan.rank_build import RankPlan, build_rank
 
 CONFIGS = Path(__file__).resolve().parents[4] / "configs"
@@ -36,10 +37,23 @@ STAND_IN = {"tiny-cpu": ["model.vocab_size=4096"]}
 
 @functools.cache
 def _cfg(name: str):
-    stated = stated_world(CONFIGS / f"{name}.toml")
-    assert stated, f"configs/{name}.toml states no '# world size: N'"
-    world, overrides = stated
-    return world, overrides + STAND_IN.get(name, [])
+    overrides = STAND_IN.get(name, [])
+    world = load_trainer_config(CONFIGS / f"{name}.toml", overrides).parallel.world_size
+    assert world, f"configs/{name}.toml states no parallel.world_size"
+    return world, overrides
+
+
+def test_recipes_state_their_layout_as_settings_not_comments():
+    """The bug (issue 36): a recipe stating its world and layout in a comment that `trainer
+    plan` parsed and `trainer pretrain` ignored (7b1's comment said tp4 pp2, its config ran tp1
+    pp1). Every recipe sets parallel.world_size, and nothing in configs/ (the SLURM scripts
+    included) says "world size" in a comment any more."""
+    stale = [f"{path.relative_to(CONFIGS.parent)}:{number}"
+             for path in sorted(CONFIGS.rglob("*")) if path.is_file()
+             for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+             if "world size" in line.lower()]
+    assert not stale, stale
+    assert all(_cfg(name)[0] > 0 for name in RECIPES)
 
 
 @functools.cache
@@ -104,11 +118,14 @@ def test_model_states_and_activations_fit_the_device(name):
 
 
 def test_divisibility_at_384_ranks_is_a_clear_error():
-    """The bug: a layout that does not divide the world (or the batch) failing deep inside
-    mesh or FSDP code instead of naming the fields to fix."""
-    cfg = load_trainer_config(CONFIGS / "176b.toml")
+    """The bug: a layout that does not divide the world (or the batch), or a world that is
+    not the recipe's parallel.world_size, failing deep inside mesh or FSDP code (or building)
+    instead of naming the fields to fix."""
+    cfg = load_trainer_config(CONFIGS / "176b.toml", ["parallel.world_size=380"])
     with pytest.raises(UserError, match="world size 380 is not divisible by"):
         build_rank(cfg, 380, 0)
+    with pytest.raises(UserError, match="parallel.world_size 384 .* this run has 380"):
+        build_rank(load_trainer_config(CONFIGS / "176b.toml"), 380, 0)
     cfg = load_trainer_config(CONFIGS / "176b.toml", ["parallel.pipeline_parallel=1"])
     with pytest.raises(UserError, match="not a multiple of train.micro_batch_size"):
         build_rank(cfg, 384, 0)  # dp 96 x micro-batch 2 does not divide the ramp-up's 16

@@ -298,7 +298,9 @@ def plan_command(
     gpu: str = typer.Option("a100-80gb", help="Device: a100-40gb, a100-80gb, h100-80gb, h200."),
     gpu_set: list[str] = typer.Option([], "--gpu-set", help="Override a device field, e.g. "
                                       "network_bytes_per_s=6.25e9 (repeatable)."),
-    nodes: int = typer.Option(0, help="Nodes (default: the recipe's '# world size' comment)."),
+    nodes: int = typer.Option(0, help="Plan this many nodes (x --gpus-per-node) instead of "
+                              "the recipe's parallel.world_size; its tp and pp are kept, dp "
+                              "follows."),
     gpus_per_node: int = typer.Option(8, help="GPUs per node (with --nodes)."),
     rank: list[int] = typer.Option([], "--rank", help="A rank to build (repeatable; default: "
                                    "the first, a middle and the last)."),
@@ -310,40 +312,37 @@ def plan_command(
                                "each rank on fake tensors under torch's memory tracker (the "
                                "default; seconds per rank) or give the formulas only."),
 ) -> None:
-    """Dry run of a recipe at its full world size, without the hardware: chosen ranks built
-    as `trainer pretrain` builds them, under a fake process group (layers, embedding/head
-    placement, vocabulary shards); one training step of each traced on fake tensors with
-    torch's memory tracker, its peak by kind against the device beside the formulas'; and
-    the time model's step time, tokens/s, TFLOP/s per GPU and MFU. With --search: the
-    layouts that fit, fastest first, and where the recipe's own ranks."""
+    """Dry run of a recipe at its full world size (parallel.world_size, or --nodes), without
+    the hardware: chosen ranks built as `trainer pretrain` builds them, under a fake process
+    group (layers, embedding/head placement, vocabulary shards); one training step of each
+    traced on fake tensors with torch's memory tracker, its peak by kind against the device
+    beside the formulas'; and the time model's step time, tokens/s, TFLOP/s per GPU and MFU.
+    With --search: the layouts that fit, fastest first, and where the recipe's own ranks."""
     # torch-heavy: imported by the command that needs it (module docstring)
     from bloomline.trainer.config import load_trainer_config
     from bloomline.trainer.plan.planner import (
         format_plan,
         gpu_from_options,
         plan_run,
-        stated_world,
+        plan_world,
     )
 
     device = gpu_from_options(gpu, gpu_set)
-    stated = stated_world(config)
-    if nodes:
-        world, layout_overrides = nodes * gpus_per_node, []
-    elif stated:
-        world, layout_overrides = stated
-    else:
-        raise UserError(f"{config} states no '# world size: N': give --nodes N "
-                        "(and --gpus-per-node)")
-    cfg = load_trainer_config(config, layout_overrides + list(ctx.args))
+    cfg = load_trainer_config(config, list(ctx.args))
+    note = plan_world(cfg, nodes, gpus_per_node)  # the recipe's world, or --nodes in its place
+    world = cfg.parallel.world_size
+    if note and not as_json:
+        typer.echo(note)
     if search:
         from bloomline.trainer.plan.planner import search_run
 
         text, result = search_run(cfg, world, device)
-        typer.echo(json.dumps(result, indent=1) if as_json else text)
+        typer.echo(json.dumps({**result, "note": note}, indent=1) if as_json else text)
         return
     ranks = rank or sorted({0, world // 2, world - 1})
     result = plan_run(cfg, world, ranks, device, trace=trace)
-    typer.echo(json.dumps(result, indent=1) if as_json else format_plan(result))
+    typer.echo(json.dumps({**result, "note": note}, indent=1) if as_json
+               else format_plan(result))
 
 
 EXIT_DEADLINE_SECONDS = 30.0

@@ -264,6 +264,9 @@ class ParallelConfig:
     """pp: pipeline stages."""
     data_parallel: int = ranged(0, ge=0)
     """dp: data-parallel replicas; 0: world size / (tp x pp)."""
+    world_size: int = ranged(0, ge=0)
+    """The processes this layout is for, tp x pp x dp; 0: any world, dp = world / (tp x pp).
+    A recipe for a cluster states it, and `trainer pretrain` refuses another world."""
     zero_stage: int = ranged(0, choices=(0, 1, 2, 3))
     """0: DDP; 1: optimizer state sharded over dp; 2: gradients too; 3: parameters too."""
     offload: bool = False
@@ -449,12 +452,21 @@ def _check_global_batch(cfg: Config, data_parallel: int) -> None:
 
 def parallel_sizes(cfg: Config, world_size: int) -> tuple[int, int, int]:
     """(pp, dp, tp) of a run of ``world_size`` processes, every rule checked: the world size
-    against parallel.*, then :func:`validate` with that dp. The launcher calls it before it
-    starts the processes (``trainer pretrain --nproc``), each rank before any process group or
-    model exists (``parallel.resolve_layout``)."""
+    against parallel.world_size (when stated) and parallel.*, then :func:`validate` with that
+    dp. The launcher calls it before it starts the processes (``trainer pretrain --nproc``),
+    each rank before any process group or model exists (``parallel.resolve_layout``)."""
     check_ranges(cfg)  # tp, pp >= 1 before dividing by them
     p = cfg.parallel
     tp, pp = p.tensor_parallel, p.pipeline_parallel
+    if p.world_size and p.world_size != world_size:
+        # a layout stated for another world: run it there, or say which layout to run here
+        dp = p.data_parallel or p.world_size // (tp * pp)
+        processes = "1 process" if world_size == 1 else f"{world_size} processes"
+        start = ("run 1 process (no --nproc)" if p.world_size == 1 else
+                 f"start {p.world_size} (trainer pretrain --nproc ... / torchrun)")
+        raise UserError(f"parallel.world_size {p.world_size} (the recipe's layout: pp{pp} x "
+                        f"dp{dp} x tp{tp}) but this run has {processes}: {start}, or "
+                        f"override parallel.world_size={world_size} with a layout for it")
     if world_size % (tp * pp):
         raise UserError(f"world size {world_size} is not divisible by "
                         f"parallel.tensor_parallel {tp} x parallel.pipeline_parallel {pp}")

@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import copy
 import math
-import re
 from dataclasses import asdict
-from pathlib import Path
 
 from torch import device as torch_device
 
@@ -40,22 +38,35 @@ from bloomline.trainer.plan.search import format_search, search
 from bloomline.trainer.plan.time_model import step_time
 
 __all__ = ["activation_breakdown", "format_plan", "formula_layout", "gpu_from_options",
-           "plan_run", "search_run", "stated_world"]
+           "plan_run", "plan_world", "search_run"]
 
-_WORLD = re.compile(r"^#\s*world size:\s*(\d+)(.*)$", re.MULTILINE)
 _GIB = 2 ** 30
 
 
-def stated_world(path: str | Path) -> tuple[int, list[str]] | None:
-    """(world size, layout overrides) from a recipe's ``# world size: N`` comment, or None
-    when it states none. The overrides are the ``parallel.*=value`` words of that statement,
-    which may continue over the comment lines that follow it."""
-    text = Path(path).read_text(encoding="utf-8")
-    found = _WORLD.search(text)
-    if found is None:
+def plan_world(cfg, nodes: int = 0, gpus_per_node: int = 8) -> str | None:
+    """Settle the world ``cfg`` is planned at: its ``parallel.world_size``, or with ``nodes``
+    ``nodes x gpus_per_node`` set as ``parallel.world_size`` (tp and pp of the recipe kept, dp
+    follows). Returns the line that says so when that replaces the recipe's world, else None.
+
+    Raises:
+        UserError: no world stated and no ``nodes``.
+    """
+    stated = cfg.parallel.world_size
+    if not nodes:
+        if not stated:
+            raise UserError("no world to plan: set parallel.world_size in the recipe (or "
+                            "override it), or give --nodes N (and --gpus-per-node)")
         return None
-    rest = text[found.start():].split("\n\n", 1)[0]
-    return int(found.group(1)), re.findall(r"parallel\.\w+=\w+", rest)
+    if nodes < 0 or gpus_per_node < 1:
+        raise UserError(f"--nodes {nodes} x --gpus-per-node {gpus_per_node}: expected at "
+                        "least 1 GPU")
+    world = nodes * gpus_per_node
+    cfg.parallel.world_size = world
+    if stated in (0, world):
+        return None
+    gpus = "1 GPU" if world == 1 else f"{world} GPUs"
+    return (f"planning {gpus} (--nodes {nodes} x {gpus_per_node}; the recipe states "
+            f"parallel.world_size {stated})")
 
 
 def formula_layout(cfg, built: RankPlan, target: str = "cuda") -> Layout:
