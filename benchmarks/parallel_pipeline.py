@@ -142,7 +142,7 @@ class _TrainerPipeline:
         self.busy, self.wall, self.timed = [0.0], [0.0], False
 
     def _time_schedules(self) -> None:
-        for built in self.trainer.pipeline._schedules.values():  # made by the first step
+        for built in self.trainer.runner.stages._schedules.values():  # made by the first step
             # (a private cache: the schedule, or a tuple starting with it)
             runner = built[0] if isinstance(built, tuple) else built
             stages = getattr(runner, "_stages", None) or [runner._stage]

@@ -14,6 +14,7 @@ from bloomline.common.config_loader import describe_keys, load_config
 from bloomline.common.errors import UserError
 from bloomline.trainer.cli import app
 from bloomline.trainer.config import Config, load_trainer_config
+from bloomline.trainer.run_spec import load_run
 
 RECIPE = Path(__file__).parents[3] / "configs" / "tiny-cpu.toml"
 
@@ -112,7 +113,7 @@ def test_config_prints_what_pretrain_would_run(tmp_path, monkeypatch):
     assert printed["data"]["corpus"] == str(tmp_path / "somewhere" / "corpus")
     assert printed["spike"]["window"] == 100  # a default the recipe does not set
     (tmp_path / "printed.toml").write_text(result.stdout)
-    expected = load_trainer_config(RECIPE, args[2:])
+    expected = load_run(RECIPE, args[2:], check_tokenizer=False).config  # what pretrain runs
     assert load_trainer_config(tmp_path / "printed.toml") == expected
     as_json = json.loads(_invoke("config", *args, "--json").stdout)
     assert as_json == printed
@@ -154,3 +155,17 @@ def test_paths_are_made_absolute_and_names_are_kept(tmp_path, monkeypatch):
     assert cfg.checkpoint.resume == "none" and cfg.checkpoint.init_from == ""
     named = load_trainer_config(None, ["data.tokenizer=tiktoken:gpt2"])
     assert named.data.tokenizer == "tiktoken:gpt2" and named.checkpoint.resume == "auto"
+
+
+def test_the_config_schema_loads_no_torch():
+    """Bug: importing the config schema pulling in torch and the distributed checkpoint
+    (seconds) through a chain of imports (config -> model_source -> checkpoint), so that every
+    tool that only reads or checks a recipe pays for torch."""
+    import subprocess
+    import sys
+
+    code = ("import sys, bloomline.trainer.config; "
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert out == "[]", out

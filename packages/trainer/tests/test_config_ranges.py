@@ -1,7 +1,8 @@
 """Every setting of the trainer is checked before any work: each numeric or enumerated field
 has its allowed range declared next to it (``ranged`` in ``bloomline.common.config_loader``), the
-rules between fields live in ``config.validate`` / ``config.parallel_sizes``, and a bad value
-ends in one ``error:`` line naming the field, never in a traceback, a hang or a silent run.
+rules between fields live in ``config_rules.validate`` / ``config_rules.parallel_sizes``, and a
+bad value ends in one ``error:`` line naming the field, never in a traceback, a hang or a silent
+run.
 
 The cases are generated from the dataclasses: a new numeric or enumerated field without a
 declared range fails ``test_every_numeric_and_enumerated_field_declares_a_range``, and once
@@ -22,7 +23,9 @@ import pytest
 
 from bloomline.common.config_loader import check_ranges, field_range
 from bloomline.common.errors import UserError
-from bloomline.trainer.config import Config, load_trainer_config, parallel_sizes, validate
+from bloomline.trainer.config import Config, load_trainer_config
+from bloomline.trainer.config_rules import parallel_sizes, validate
+from bloomline.trainer.run_spec import load_run
 
 ROOT = Path(__file__).resolve().parents[3]
 BIN = Path(sys.executable).parent
@@ -216,7 +219,7 @@ def test_cross_field_rules(overrides, message):
     a layout whose shards differ: a crash inside a collective), or refused with more than
     one line."""
     with pytest.raises(UserError) as refused:
-        load_trainer_config(None, ["checkpoint.resume=none", *overrides])
+        load_run(None, ["checkpoint.resume=none", *overrides], check_tokenizer=False)
     assert message in str(refused.value) and "\n" not in str(refused.value)
 
 

@@ -26,8 +26,7 @@ import torch
 from trainer_fixtures import tiny_config
 
 from bloomline.dataprep.indexed_dataset import IndexedDatasetWriter
-from bloomline.trainer.data import TokenSamples, open_splits
-from bloomline.trainer.evaluation import blend_of, sample_sources
+from bloomline.trainer.data import TokenSamples, blend_of, open_splits, sample_sources
 from bloomline.trainer.loop import Trainer
 from bloomline.trainer.parallel.local_processes import run_distributed
 

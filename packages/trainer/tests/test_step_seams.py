@@ -11,8 +11,9 @@ from bloomline.common.errors import UserError
 from bloomline.trainer.config import Config
 from bloomline.trainer.data import MegatronSampler, StepBatches
 from bloomline.trainer.reporting.monitor import console_line
-from bloomline.trainer.step import dp_mean, dp_sum, finish_step
+from bloomline.trainer.step.tail import dp_mean, dp_sum, finish_step
 from bloomline.trainer.survival.run_guard import RunGuard
+from bloomline.trainer.train_state import TrainState
 
 
 class _Optimizer:
@@ -117,14 +118,14 @@ def test_bad_steps_count_and_stop_and_fp16_overflows_are_not_bad(tmp_path):
     cfg = Config()
     cfg.train.max_bad_steps = 1
     guard = RunGuard(cfg, tmp_path, rank=0)  # not started: no lock, signals or timer
-    state, lines = {"skipped_steps": 0, "bad_in_row": 0}, []
+    state, lines = TrainState(), []
     bad = {"skipped": True, "loss": float("nan"), "grad_norm": 1.0}
     overflow = {"skipped": True, "loss": 3.0, "grad_norm": float("inf")}
     guard.count_bad(state, overflow, 1, True, lines.append)
-    assert state == {"skipped_steps": 1, "bad_in_row": 0} and not lines
+    assert (state.skipped_steps, state.bad_in_row) == (1, 0) and not lines
     guard.count_bad(state, bad, 2, False, lines.append)
     guard.count_bad(state, {"skipped": False}, 3, False, lines.append)
-    assert state == {"skipped_steps": 2, "bad_in_row": 0} and len(lines) == 1
+    assert (state.skipped_steps, state.bad_in_row) == (2, 0) and len(lines) == 1
     guard.count_bad(state, bad, 4, False, lines.append)
     with pytest.raises(UserError, match="train.max_bad_steps = 1"):
         guard.count_bad(state, bad, 5, False, lines.append)

@@ -47,7 +47,7 @@ def _straight_and_resumed(corpus, tmp_path, make_config, matmul: str) -> None:
     split = make_config(corpus, tmp_path / "b", train={"log_interval": 1, "exit_interval": 10,
                                                        "cpu_fp32_matmul": matmul})
     state = _run(split)
-    assert state["step"] == 10 and latest_checkpoint(tmp_path / "b").name == "step_00000010"
+    assert state.step == 10 and latest_checkpoint(tmp_path / "b").name == "step_00000010"
     split.train.exit_interval = 0
     _run(split)  # checkpoint.resume = auto
     losses_a = [r["loss"] for r in _records(tmp_path / "a")]
@@ -86,7 +86,7 @@ def test_non_finite_steps_are_skipped_then_the_run_stops(corpus, tmp_path, make_
     before = trainer.model.h["0"].mlp.dense_h_to_4h.weight.clone()
     with pytest.raises(UserError, match="4 consecutive steps with a non-finite loss"):
         trainer.run()
-    assert trainer.state["skipped_steps"] == 4
+    assert trainer.state.skipped_steps == 4
     assert torch.equal(trainer.model.h["0"].mlp.dense_h_to_4h.weight, before)
 
 

@@ -46,8 +46,8 @@ def test_fp16_overflow_backs_the_loss_scale_off_without_stopping(corpus, tmp_pat
     scales = [r["loss_scale"] for r in records]
     assert scales[0] == 2.0 ** 39  # step 1 overflowed: halved once
     assert min(scales) <= 2.0 ** 37  # and again until the gradients fit in fp16
-    assert state["skipped_steps"] >= 3  # more overflow skips than max_bad_steps allows
-    assert state["step"] == 30 and records[-1]["loss"] < records[0]["loss"]
+    assert state.skipped_steps >= 3  # more overflow skips than max_bad_steps allows
+    assert state.step == 30 and records[-1]["loss"] < records[0]["loss"]
 
 
 @pytest.mark.parametrize("fast", [True, False])
@@ -65,7 +65,7 @@ def test_auto_precision_picks_bf16_only_where_it_is_fast(corpus, tmp_path, make_
                       train={"train_samples": 4}, schedule={"warmup": 4})
     trainer = Trainer(cfg, log=lines.append)
     want = "bf16" if fast else "fp32"
-    assert trainer.precision.name == want and cfg.precision.dtype == want
+    assert trainer.precision.name == want and trainer.cfg.precision.dtype == want
     trainer.run()
     assert f'dtype = "{want}"' in (tmp_path / "auto" / "config.toml").read_text()
     assert not any(line.startswith("warning:") for line in lines)

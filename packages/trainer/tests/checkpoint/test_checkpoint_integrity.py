@@ -298,7 +298,7 @@ def _save_at_dp2(corpus: str, root: str) -> list:
     trainer = Trainer(cfg, log=lambda *_: None)
     trainer.run()
     with AsyncCheckpointer(root / "async", keep_last=1, is_writer=trainer.is_main) as saver:
-        saver.save(2, trainer.model, trainer.optimizer, trainer.state, cfg)
+        saver.save(2, trainer.model, trainer.optimizer, trainer.state.state_dict(), cfg)
     paths = [_step(root / "sync", 2), _step(root / "async", 2)]
     results = [verify_checkpoint(path) for path in paths]
     # sorted files: .metadata, __0_0.distcp, __1_0.distcp, ...: rank 1 hashes __0_0.distcp

@@ -12,10 +12,10 @@ from trainer_fixtures import tiny_config
 
 from bloomline.common.errors import UserError
 from bloomline.trainer import checkpoint as ckpt
-from bloomline.trainer.config import load_trainer_config
 from bloomline.trainer.hf import export_hf
 from bloomline.trainer.loop import Trainer
 from bloomline.trainer.model_source import resolve_model_settings
+from bloomline.trainer.run_spec import load_run
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
@@ -74,14 +74,14 @@ def test_init_from_takes_the_sources_shape_and_weights_and_starts_fresh(corpus, 
 
     cfg = _config(corpus, tmp_path / "run", checkpoint={"init_from": str(hf_source)})
     trainer = _quiet(cfg)
-    assert (cfg.model.num_layers, cfg.model.hidden_size) == (3, 48)
-    assert cfg.model.attention == "auto"  # a compute field: the recipe's
+    assert (trainer.cfg.model.num_layers, trainer.cfg.model.hidden_size) == (3, 48)
+    assert trainer.cfg.model.attention == "auto"  # a compute field: the recipe's
     assert trainer.resume() is None
     _, weights = import_hf(hf_source)
     for name, value in trainer.model.state_dict().items():
         assert torch.equal(value, weights[name]), name
-    assert not trainer.optimizer.state and trainer.state["step"] == 0
-    assert trainer.state["consumed_samples"] == 0
+    assert not trainer.optimizer.state and trainer.state.step == 0
+    assert trainer.state.consumed_samples == 0
 
 
 def test_an_override_that_contradicts_the_source_names_both(corpus, tmp_path, hf_source):
@@ -89,12 +89,12 @@ def test_an_override_that_contradicts_the_source_names_both(corpus, tmp_path, hf
     model the weights do not fit), while the recipe's own [model] section is replaced."""
     base = [f"data.corpus={corpus}", f"train.run_dir={tmp_path / 'run'}",
             f"checkpoint.init_from={hf_source}"]
-    cfg = load_trainer_config("configs/tiny-cpu.toml" if Path("configs/tiny-cpu.toml").is_file()
-                              else None, [*base, "model.hidden_size=48"])
+    cfg = load_run("configs/tiny-cpu.toml" if Path("configs/tiny-cpu.toml").is_file()
+                   else None, [*base, "model.hidden_size=48"], check_tokenizer=False).config
     assert cfg.model.hidden_size == 48 and cfg.model.num_layers == 3
     with pytest.raises(UserError, match=r"model.num_layers = 4 contradicts checkpoint.init_from"
                                         r" .*hf, which has 3"):
-        load_trainer_config(None, [*base, "model.num_layers=4"])
+        load_run(None, [*base, "model.num_layers=4"], check_tokenizer=False)
 
 
 def test_a_run_folder_with_checkpoints_resumes_and_ignores_init_from(corpus, tmp_path,
@@ -107,7 +107,7 @@ def test_a_run_folder_with_checkpoints_resumes_and_ignores_init_from(corpus, tmp
     lines = []
     again = _config(corpus, tmp_path / "run", checkpoint={"init_from": str(hf_source)})
     resumed = Trainer(again, log=lines.append)
-    assert resumed.resume().name == "step_00000005" and resumed.state["step"] == 5
+    assert resumed.resume().name == "step_00000005" and resumed.state.step == 5
     assert any("init_from" in line and "ignored" in line for line in lines)
 
 

@@ -11,6 +11,7 @@ from bloomline.common.config_loader import load_config, to_toml
 from bloomline.common.errors import UserError
 from bloomline.trainer.config import Config, load_trainer_config
 from bloomline.trainer.model import GPT, ModelConfig, build_model, padded_vocab_size
+from bloomline.trainer.run_spec import load_run
 
 CONFIGS = Path(__file__).resolve().parents[4] / "configs"
 
@@ -83,7 +84,7 @@ def test_wrong_types_and_cross_field_errors_name_the_field():
     with pytest.raises(UserError, match="train.micro_batch_size = 'x': expected an integer"):
         load_trainer_config(None, ["train.micro_batch_size='x'"])
     with pytest.raises(UserError, match="global_batch_size 10 is not a multiple"):
-        load_trainer_config(None, ["train.micro_batch_size=4", "train.global_batch_size=10"])
+        load_run(None, ["train.micro_batch_size=4", "train.global_batch_size=10"])
     with pytest.raises(UserError, match="precision.dtype = 'bf32'"):
         load_trainer_config(None, ["precision.dtype=bf32"])
 

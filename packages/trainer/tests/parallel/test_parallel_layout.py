@@ -7,8 +7,8 @@ import pytest
 
 from bloomline.common.errors import UserError
 from bloomline.trainer.config import Config
+from bloomline.trainer.config_rules import resolve_layout
 from bloomline.trainer.data import MegatronSampler
-from bloomline.trainer.parallel import resolve_layout
 
 
 def _cfg(**parallel) -> Config:

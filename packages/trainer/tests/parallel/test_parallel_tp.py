@@ -144,19 +144,18 @@ def test_tp2_bf16_smoke():
 def test_padded_vocabulary_divides_by_tp(monkeypatch):
     """Bug: model.vocab_size = 0 pads the tokenizer's vocabulary to 128 only, which tp 2
     cannot split into equal 128-aligned shards (Megatron pads to 128 x tp)."""
-    from bloomline.trainer import loop
+    from bloomline.trainer import run_spec
 
     class FakeTokenizer:
         vocab_size = 300
 
-    monkeypatch.setattr(loop, "load_run_tokenizer", lambda data: FakeTokenizer())
-    monkeypatch.setattr(loop, "check_vocabulary", lambda *_: None)
+    monkeypatch.setattr(run_spec, "load_run_tokenizer", lambda data: FakeTokenizer())
+    monkeypatch.setattr(run_spec, "check_vocabulary", lambda *_: None)
     for tp, want in ((1, 384), (2, 512), (4, 512), (8, 1024)):
-        cfg = equivalence_config(model={"vocab_size": 0},
+        cfg = equivalence_config(model={"vocab_size": 0, "num_heads": 8},
                                  parallel={"tensor_parallel": tp})
         cfg.data.tokenizer = "fake.model"
-        loop.resolve_vocab(cfg)
-        assert cfg.model.vocab_size == want, tp
+        assert run_spec.settle(cfg, tp).config.model.vocab_size == want, tp
 
 
 @pytest.mark.parametrize("sections, message", [
@@ -168,7 +167,7 @@ def test_sequence_parallel_needs_lengths_divisible_by_tp(sections, message):
     """Bug: a sequence (or a warmup length) that tp cannot split evenly reaches the
     reduce-scatter, which kills the process group instead of naming the field."""
     from bloomline.common.errors import UserError
-    from bloomline.trainer.parallel import resolve_layout
+    from bloomline.trainer.config_rules import resolve_layout
 
     cfg = equivalence_config(parallel={"tensor_parallel": 2, "sequence_parallel": True},
                              **sections)

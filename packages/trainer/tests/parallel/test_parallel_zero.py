@@ -138,11 +138,11 @@ def _resume_case(parallel: dict, run_dir: str) -> dict:
     batches = _batches(5)
     first = Trainer(cfg(), log=lambda *_: None)
     losses = _train(first, batches[:3])
-    first.state["step"] = 3
+    first.state.step = 3
     first.save()
     dist.barrier()  # rank 0 renames the finished checkpoint folder after DCP's own barrier
     second = Trainer(cfg(), log=lambda *_: None)
-    assert second.resume() is not None and second.state["step"] == 3
+    assert second.resume() is not None and second.state.step == 3
     losses += _train(second, batches[3:])
     return {"losses": losses, "params": second.full_model_state()}
 
@@ -171,7 +171,7 @@ def _bf16_case() -> dict:
 
     losses = _train(trainer, _batches(5))
     trainer.optimizer.register_step_pre_hook(look)
-    trainer.cfg.optimizer.clip_grad = 0  # off: clipping's scaling would hide a bf16 rounding
+    trainer.runner.clip_grad = 0  # off: clipping's scaling would hide a bf16 rounding
     rank = trainer.layout.dp_rank
     trainer.train_step([_batches(6)[5][rank * MBS: (rank + 1) * MBS]], LR)
     return {"losses": losses, "grads": grads}

@@ -74,51 +74,28 @@ def _peak_inside(prof, name: str) -> int:
 
 
 def _build_step(overrides: list[str], world_size: int):
-    """This rank built as ``Trainer.__init__`` builds it, and its training step."""
-    from bloomline.trainer.forward_backward import ForwardBackward, loss_functions
-    from bloomline.trainer.model import GPT
-    from bloomline.trainer.optim import build_optimizer
-    from bloomline.trainer.parallel import (
-        build_mesh,
-        init_distributed,
-        parallelize,
-        resolve_layout,
-    )
-    from bloomline.trainer.parallel.data_parallel import shard_optimizer_state
-    from bloomline.trainer.parallel.pipeline import build_pipeline
-    from bloomline.trainer.precision import Precision
+    """This rank built as ``Trainer.__init__`` builds it (``build.build_run``), and its
+    training step."""
+    from bloomline.trainer.build import build_run
+    from bloomline.trainer.parallel import build_mesh, init_distributed
+    from bloomline.trainer.run_spec import settle
 
-    cfg = load_trainer_config(TINY, overrides)
-    device = torch.device("cpu")
-    layout = resolve_layout(cfg, world_size, int(os.environ.get("RANK", "0")))
+    spec = settle(load_trainer_config(TINY, overrides), world_size,
+                  int(os.environ.get("RANK", "0")), device="cpu", check_tokenizer=False)
+    cfg, layout, device = spec.config, spec.layout, torch.device("cpu")
     init_distributed(cfg, device)
-    mesh = build_mesh(layout, device)
-    torch.manual_seed(0)
-    model = GPT(cfg.model)
-    loss_fn, loss_context = loss_functions(False, layout.tp)
-    pipeline = None
-    if layout.pp > 1:
-        pipeline = build_pipeline(model, mesh, layout, cfg, device, loss_fn, loss_context)
-        model = pipeline.model
-    else:
-        parallelize(model, mesh, layout, cfg)
-    optimizer = build_optimizer(model, cfg.optimizer)
-    if layout.dp > 1 and cfg.parallel.zero_stage == 1:
-        optimizer = shard_optimizer_state(optimizer, mesh["dp"])
-    precision = Precision(cfg.precision, device)
-    dp_group = mesh["dp"].get_group() if layout.dp > 1 else None
-    step = ForwardBackward(model, precision, device, layout.tp, loss_fn, loss_context, dp_group)
+    built = build_run(spec, build_mesh(layout, device), device)
     count = cfg.train.global_batch_size // (layout.dp * cfg.train.micro_batch_size)
     shape = (cfg.train.micro_batch_size, cfg.data.seq_length + 1)
     batches = [torch.randint(0, cfg.model.vocab_size, shape) for _ in range(count)]
 
     def train_step():
-        if pipeline is not None:
-            pipeline.train_step(batches, 1e-4, optimizer, precision)
+        if layout.pp > 1:
+            built.runner.train_step(batches, 1e-4)
         else:
-            step.run(batches)
-            optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+            built.runner.forward_backward(batches)
+            built.optimizer.step()
+        built.optimizer.zero_grad(set_to_none=True)
 
     return train_step
 

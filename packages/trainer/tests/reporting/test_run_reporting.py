@@ -170,10 +170,10 @@ def test_summary_of_stopped_and_resumed_runs(corpus, tmp_path, make_config, cloc
     cfg.train.max_wallclock = 1e-6  # used up at once: stops after one step, as preempted
     state = _trainer(cfg, clock, lines).run()
     stopped = _summary(run)
-    assert "train.max_wallclock" in state["stopped"]
+    assert "train.max_wallclock" in state.stopped
     assert (stopped["status"], stopped["steps"], stopped["steps_this_session"]) == (
         "stopped", 5, 1)
-    assert stopped["stop_reason"] == state["stopped"]
+    assert stopped["stop_reason"] == state.stopped
     assert stopped["last_checkpoint"] == str(run / "checkpoints" / "step_00000005")
 
     cfg.train.max_wallclock = 0

@@ -17,7 +17,7 @@ import pytest
 from trainer_fixtures import tiny_config
 
 from bloomline.common.errors import UserError
-from bloomline.trainer.config import validate
+from bloomline.trainer.config_rules import validate
 from bloomline.trainer.loop import Trainer
 from bloomline.trainer.reporting.wandb_sink import RUN_ID_FILE
 
@@ -144,11 +144,11 @@ def test_wandb_gets_the_tensorboard_scalars_and_a_resume_continues_its_run(
     # the first start is stopped by SIGUSR1 in step 2 (saved, exit code 75 to come)
     monkeypatch.setenv("BLOOMLINE_FAULTS", "usr1@step:step=2")
     first = Trainer(_config(corpus, run, 24), log=lambda *_: None).run()
-    assert first["stopped"] and first["step"] == 2
+    assert first.stopped and first.step == 2
     monkeypatch.delenv("BLOOMLINE_FAULTS")
     monkeypatch.delenv("WANDB_DIR")  # W&B's files of this start: in RUN/wandb
     second = Trainer(_config(corpus, run, 24), log=lambda *_: None).run()  # resumes: 3..6
-    assert second["step"] == 6 and not second.get("stopped")
+    assert second.step == 6 and not second.stopped
     assert not _wandb_processes()
 
     run_id = (run / RUN_ID_FILE).read_text().strip()

@@ -91,7 +91,7 @@ def test_max_wallclock_saves_before_the_budget_and_exits_75(corpus, tmp_path, ma
     checkpoint and the reason."""
     cfg = make_config(corpus, tmp_path / "run", train={"max_wallclock": 1e-6})
     state = Trainer(cfg, log=lambda *_: None).run()
-    assert state["step"] == 1 and "train.max_wallclock" in state["stopped"]
+    assert state.step == 1 and "train.max_wallclock" in state.stopped
     assert (tmp_path / "run" / "checkpoints" / "step_00000001" / "manifest.json").is_file()
 
 

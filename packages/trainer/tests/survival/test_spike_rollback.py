@@ -64,8 +64,8 @@ def _run_pair(corpus: str, root: str, parallel: dict) -> dict:
     settings = _settings(**parallel)
     settings["train"]["skip_samples"] = [SKIP]
     state_b = Trainer(tiny_config(corpus, root / "b", **settings), log=lambda *_: None).run()
-    return {"lines": lines, "skips_a": state_a["skip_samples"],
-            "skips_b": state_b["skip_samples"], "rollbacks": state_a.get("rollbacks", 0)}
+    return {"lines": lines, "skips_a": state_a.skip_samples,
+            "skips_b": state_b.skip_samples, "rollbacks": state_a.rollbacks}
 
 
 def _assert_rolled_back_once_like_b(root: Path, result: dict) -> None:

@@ -40,7 +40,8 @@ from typing import Any, TypeVar
 
 from bloomline.common.errors import UserError
 
-__all__ = ["Range", "check_ranges", "config_from_dict", "config_to_dict", "describe_keys",
+__all__ = ["Range", "check_ranges", "config_from_dict", "config_to_dict", "describe_keys", "freeze",
+           "thawed_copy",
            "field_docs", "field_range", "key_suggestions", "load_config", "path_field", "ranged",
            "resolve_paths", "to_toml"]
 
@@ -609,3 +610,75 @@ def describe_keys(cls: type, config: Any = None, prefix: str = "") -> list[dict[
 
 def _shown(value: Any) -> str | None:
     return None if value is None else _toml_value(value)
+
+
+# -- frozen configs: a settled run's config is read-only ---------------------------------
+_FROZEN: dict[type, type] = {}
+
+
+def freeze(cfg):
+    """``cfg`` (a tree of config dataclasses) made read-only in place: assigning any field
+    of any section raises ``dataclasses.FrozenInstanceError`` naming it. Returns ``cfg``."""
+    for field in dataclasses.fields(cfg):
+        value = getattr(cfg, field.name)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            freeze(value)
+    cls = type(cfg)
+    if cls not in _FROZEN.values():
+        if cls not in _FROZEN:
+            _FROZEN[cls] = type(cls.__name__, (cls,), {
+                "__setattr__": _refuse, "__delattr__": _refuse, "__reduce_ex__": _reduce,
+                "__eq__": _equal, "__hash__": None, "__new__": _new_plain,
+                "__module__": cls.__module__, "__qualname__": cls.__qualname__})
+        object.__setattr__(cfg, "__class__", _FROZEN[cls])
+    return cfg
+
+
+def thawed_copy(cfg):
+    """A deep copy of ``cfg`` that may be changed (of a frozen config or a plain one)."""
+    cfg = copy.deepcopy(cfg)
+    _thaw(cfg)
+    return cfg
+
+
+def _thaw(cfg) -> None:
+    for field in dataclasses.fields(cfg):
+        value = getattr(cfg, field.name)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            _thaw(value)
+    if type(cfg) in _FROZEN.values():
+        object.__setattr__(cfg, "__class__", type(cfg).__mro__[1])
+
+
+def _reduce(self, protocol):
+    """Pickles and copies of a frozen section: rebuilt from its plain class (a pickle names
+    the class by module and name, which is the plain one), then frozen again."""
+    return _rebuild_frozen, (type(self).__mro__[1], dict(self.__dict__))
+
+
+def _rebuild_frozen(cls, state: dict):
+    obj = cls.__new__(cls)
+    obj.__dict__.update(state)
+    return freeze(obj)
+
+
+def _new_plain(cls, *args, **kwargs):
+    """``type(frozen)(...)`` (``dataclasses.replace``, ``config_from_dict(type(cfg), ...)``)
+    builds a plain, changeable instance of the config's own class."""
+    return cls.__mro__[1](*args, **kwargs)
+
+
+def _equal(self, other) -> bool:
+    """Equal to a plain or frozen config of the same class with equal fields (the
+    dataclass's own ``__eq__`` wants the very same class)."""
+    plain = type(self).__mro__[1]
+    if not isinstance(other, plain):
+        return NotImplemented
+    return all(getattr(self, f.name) == getattr(other, f.name)
+               for f in dataclasses.fields(plain))
+
+
+def _refuse(self, name, *args):
+    raise dataclasses.FrozenInstanceError(
+        f"cannot assign {type(self).__name__}.{name}: this config is frozen (a settled run's); "
+        "change a thawed_copy of it")

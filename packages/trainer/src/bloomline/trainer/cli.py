@@ -59,17 +59,22 @@ def pretrain(
                max_restarts=max_restarts)
         return
     # torch-heavy: imported by the command that needs it (module docstring)
-    from bloomline.trainer.config import load_trainer_config
     from bloomline.trainer.loop import Trainer
+    from bloomline.trainer.parallel import world_info
+    from bloomline.trainer.run_spec import load_run
 
     if resume is not None:
         overrides.append(f"checkpoint.resume={resume}")
-    cfg = load_trainer_config(config, overrides)
+
+    def log(line: str) -> None:  # flushed: a run logs to files (SLURM, nohup), block-buffered
+        print(line, flush=True)
+
+    rank, _, world_size = world_info()
+    spec = load_run(config, overrides, world_size, rank, log=log if rank == 0 else None)
     import torch.distributed as dist
 
     try:
-        # flushed per line: a run logs to files (SLURM, nohup) where stdout is block-buffered
-        state = Trainer(cfg, log=lambda line: print(line, flush=True)).run()
+        state = Trainer(spec, log=log).run()
     except UserError:
         # every rank refuses together (rank 0's verdict is broadcast): leave no process group
         # for interpreter exit, where gloo's threads can abort ("terminate called without an
@@ -79,7 +84,7 @@ def pretrain(
         raise
     if dist.is_initialized():
         dist.destroy_process_group()
-    if state.get("stopped"):  # a signal or train.max_wallclock: saved, to be continued
+    if state.stopped:  # a signal or train.max_wallclock: saved, to be continued
         # torch-heavy: imported by the command that needs it (module docstring)
         from bloomline.trainer.survival.preemption import exit_preempted
 
@@ -98,13 +103,12 @@ def _check_before_launch(config: str | None, resume: str | None, overrides: list
     combination is refused rather than converted: "PATH, then auto" would be a third meaning
     of the setting, and "auto" alone ignores PATH while the run folder has no checkpoint yet."""
     # torch-heavy: imported by the command that needs it (module docstring)
-    from bloomline.trainer.config import load_trainer_config, parallel_sizes
+    from bloomline.trainer.run_spec import load_run
 
-    cfg = load_trainer_config(config, overrides + (
-        [f"checkpoint.resume={resume}"] if resume is not None else []))
-    if nproc >= 1 and nnodes >= 1:  # else launch() names the bad flag
-        parallel_sizes(cfg, nproc * nnodes)
-    setting = cfg.checkpoint.resume
+    world = nproc * nnodes if nproc >= 1 and nnodes >= 1 else None  # else launch() says why
+    spec = load_run(config, overrides + (
+        [f"checkpoint.resume={resume}"] if resume is not None else []), world)
+    setting = spec.config.checkpoint.resume
     if max_restarts and setting != "auto":
         start = "scratch" if setting == "none" else setting
         raise UserError(f"--max-restarts {max_restarts} with checkpoint.resume {setting}: every "
@@ -228,7 +232,7 @@ def evaluate_command(
     import json
 
     # torch-heavy: imported by the command that needs it (module docstring)
-    from bloomline.trainer.evaluation import evaluate_checkpoint
+    from bloomline.trainer.evaluate_command import evaluate_checkpoint
 
     result, step = evaluate_checkpoint(checkpoint, split, samples, corpus=data)
     if as_json:
@@ -250,16 +254,20 @@ def config_command(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of TOML / text."),
 ) -> None:
     """Print the config `trainer pretrain` would run with the same --config and
-    section.key=value arguments (TOML: renamed keys applied, defaults filled, paths absolute,
-    the model of a checkpoint to resume or checkpoint.init_from adopted), or with --doc every
+    section.key=value arguments: the settled run spec (TOML: renamed keys applied, defaults
+    filled, paths absolute, the model of a checkpoint to resume or checkpoint.init_from
+    adopted, the vocabulary and precision resolved, every rule checked), or with --doc every
     key. A bad key or value fails with pretrain's one-line error."""
     # torch-heavy: imported by the command that needs it (module docstring)
-    from bloomline.trainer.config import load_trainer_config
     from bloomline.trainer.config_doc import config_json, config_toml, key_docs
+    from bloomline.trainer.run_spec import load_run
 
     overrides = list(ctx.args) + ([f"checkpoint.resume={resume}"] if resume is not None else [])
     given = config is not None or bool(overrides)
-    cfg = load_trainer_config(config, overrides) if given or not doc else None
+    # the spec pretrain would run (its world: parallel.world_size, else the layout's smallest);
+    # the tokenizer is read only to size a vocabulary of 0
+    cfg = (load_run(config, overrides, check_tokenizer=False).config
+           if given or not doc else None)
     if doc:
         typer.echo(key_docs(cfg, as_json))
     else:

@@ -1,5 +1,8 @@
-"""The trainer's config tree. Every field has a default and a docstring (its --help text);
-recipes in configs/*.toml override them, ``section.key=value`` arguments override those.
+"""The trainer's config tree (the schema). Every field has a default, a declared range and a
+docstring (its --help text); recipes in configs/*.toml override them, ``section.key=value``
+arguments override those. The rules between fields are ``config_rules.py``'s, applied once
+when a run is settled (``run_spec.py``). This module imports no torch: reading and checking a
+config needs none.
 
 Sample counts are Megatron's units: the run is ``train.train_samples`` long, the LR schedule
 and the curriculum count in samples or tokens (``schedule.unit``).
@@ -7,29 +10,17 @@ and the curriculum count in samples or tokens (``schedule.unit``).
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bloomline.common.config_loader import (
-    check_ranges,
-    load_config,
-    path_field,
-    ranged,
-    resolve_paths,
-)
-from bloomline.common.errors import SettingError, UserError
-from bloomline.dataprep import parse_split
-from bloomline.trainer.dataprep_keys import DATAPREP_KEYS
-from bloomline.trainer.kernels.cpu.linear import CPU_FP32_MATMUL_CHOICES
+from bloomline.common.config_loader import load_config, path_field, ranged, resolve_paths
+from bloomline.trainer.kernels.cpu import CPU_FP32_MATMUL_CHOICES
 from bloomline.trainer.model.config import ModelConfig
-from bloomline.trainer.model_source import resolve_model_settings
-from bloomline.trainer.reporting.wandb_sink import check_wandb_settings
 
 __all__ = ["Config", "DataConfig", "TrainConfig", "PrecisionConfig", "OptimizerConfig",
            "ScheduleConfig", "CurriculumConfig", "CheckpointConfig", "MonitorConfig",
            "SpikeConfig", "WatchdogConfig", "ParallelConfig",
-           "load_trainer_config", "parallel_sizes", "validate"]
+           "load_trainer_config"]
 
 
 @dataclass
@@ -333,168 +324,12 @@ class Config:
     }
 
 
-_DEVICE = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
-
-
-def validate(cfg: Config, data_parallel: int = 1) -> None:
-    """Every field within the range declared next to it (``ranged``), then the rules between
-    fields, each a UserError of one line naming them. ``data_parallel``: the dp size once it
-    is known; :func:`parallel_sizes` adds the rules that need the world size."""
-    check_ranges(cfg)
-    t, d, c = cfg.train, cfg.data, cfg.curriculum
-    if not _DEVICE.fullmatch(t.device):
-        raise UserError(f"train.device = {t.device!r}: expected cpu, cuda, cuda:N or auto")
-    if t.rampup_batch_size:
-        if len(t.rampup_batch_size) != 3:
-            raise UserError("train.rampup_batch_size: expected [start, increment, samples]")
-        start, increment, samples = t.rampup_batch_size
-        if start < 1 or increment < 1 or samples < 0 or start > t.global_batch_size or (
-                (t.global_batch_size - start) % increment):
-            raise UserError(f"train.rampup_batch_size {t.rampup_batch_size}: need 1 <= start "
-                            "<= global_batch_size, increment >= 1 dividing "
-                            "global_batch_size - start")
-    if t.profile_steps:
-        try:
-            a, b = (int(v) for v in t.profile_steps.split(":"))
-            assert 0 <= a < b
-        except (ValueError, AssertionError):
-            raise UserError(f"train.profile_steps {t.profile_steps!r}: expected A:B with "
-                            "0 <= A < B") from None
-    for index, bounds in enumerate(t.skip_samples):
-        if len(bounds) != 2 or not 0 <= bounds[0] < bounds[1]:
-            raise UserError(f"train.skip_samples[{index}] = {bounds}: expected [start, end] "
-                            "with 0 <= start < end")
-    _check_data(d)
-    check_wandb_settings(cfg.monitor)
-    # the schedule: what the LR and the sequence length do over the run
-    o, s = cfg.optimizer, cfg.schedule
-    if o.min_lr > o.lr:
-        raise UserError(f"optimizer.min_lr {o.min_lr:g} is above optimizer.lr {o.lr:g}: the "
-                        "decay would raise the learning rate")
-    run_tokens = t.train_samples * d.seq_length
-    run = (f"train.train_samples {t.train_samples} x data.seq_length {d.seq_length} = "
-           f"{run_tokens} tokens")
-    if s.unit == "tokens" and s.warmup > run_tokens:
-        raise UserError(f"schedule.warmup {s.warmup} tokens (schedule.unit tokens) is longer "
-                        f"than the run: {run}")
-    if s.unit == "samples" and s.warmup > t.train_samples:
-        raise UserError(f"schedule.warmup {s.warmup} samples (schedule.unit samples) is longer "
-                        f"than the run: train.train_samples {t.train_samples}")
-    if c.seqlen_warmup and c.start_seq_length > d.seq_length:
-        raise UserError(f"curriculum.start_seq_length {c.start_seq_length}: must be within "
-                        f"[1, data.seq_length = {d.seq_length}]")
-    if c.seqlen_warmup and c.warmup_tokens > run_tokens:
-        raise UserError(f"curriculum.warmup_tokens {c.warmup_tokens} is longer than the run: "
-                        f"{run}")
-    sp = cfg.spike
-    if sp.min_history > sp.window:
-        raise UserError(f"spike.min_history {sp.min_history} exceeds spike.window {sp.window}")
-    _check_layout(cfg)
-    _check_global_batch(cfg, data_parallel)
-
-
-def _check_data(d: DataConfig) -> None:
-
-    try:
-        parse_split(d.split)
-    except SettingError as err:  # dataprep's setting, worded as the trainer's key
-        raise err.named(DATAPREP_KEYS) from None
-    if d.weights and not any(weight > 0 for weight in d.weights.values()):
-        raise UserError(f"data.weights {d.weights}: the weights must not all be zero")
-
-
-def _check_layout(cfg: Config) -> None:
-    """The parallel layout's rules that hold whatever the world size: every tensor-parallel
-    rank gets an equal share of heads, MLP columns, vocabulary rows (and, with sequence
-    parallelism, tokens); every pipeline stage at least one layer."""
-    p, m = cfg.parallel, cfg.model
-    tp, pp = p.tensor_parallel, p.pipeline_parallel
-    if m.hidden_size % m.num_heads:
-        raise UserError(f"model.hidden_size {m.hidden_size} is not divisible by "
-                        f"model.num_heads {m.num_heads}")
-    if m.num_heads % tp:
-        raise UserError(f"model.num_heads {m.num_heads} is not divisible by "
-                        f"parallel.tensor_parallel {tp}")
-    if m.ffn_size % tp:
-        raise UserError(f"model.ffn_hidden_size {m.ffn_size} is not divisible by "
-                        f"parallel.tensor_parallel {tp}")
-    if m.vocab_size and m.vocab_size % tp:
-        raise UserError(f"model.vocab_size {m.vocab_size} is not divisible by "
-                        f"parallel.tensor_parallel {tp} (pad it to a multiple of 128 x tp)")
-    stages = pp * (p.virtual_stages if p.pipeline_schedule == "interleaved" and pp > 1 else 1)
-    if m.num_layers < stages:
-        raise UserError(f"model.num_layers {m.num_layers} is fewer than the {stages} pipeline "
-                        "stages (parallel.pipeline_parallel x virtual_stages)")
-    if p.sequence_parallel and tp == 1:
-        raise UserError("parallel.sequence_parallel needs parallel.tensor_parallel > 1")
-    # sequence parallelism splits every sequence into tp equal shards (gloo/nccl
-    # reduce-scatter of uneven shards fails); the warmup lengths are multiples of the step
-    if p.sequence_parallel and cfg.data.seq_length % tp:
-        raise UserError(f"data.seq_length {cfg.data.seq_length} is not divisible by "
-                        f"parallel.tensor_parallel {tp} (needed by parallel.sequence_parallel)")
-    if p.sequence_parallel and cfg.curriculum.seqlen_warmup and (
-            cfg.curriculum.seq_length_step % tp):
-        raise UserError(f"curriculum.seq_length_step {cfg.curriculum.seq_length_step} is not "
-                        f"divisible by parallel.tensor_parallel {tp} (needed by "
-                        "parallel.sequence_parallel)")
-    if p.offload and p.zero_stage != 3:
-        raise UserError("parallel.offload needs parallel.zero_stage = 3 (FSDP2 offloads "
-                        "sharded parameters and their optimizer state)")
-
-
-def _check_global_batch(cfg: Config, data_parallel: int) -> None:
-    t = cfg.train
-    if t.global_batch_size % (t.micro_batch_size * data_parallel):
-        raise UserError(f"train.global_batch_size {t.global_batch_size} is not a multiple of "
-                        f"train.micro_batch_size {t.micro_batch_size} x data-parallel size "
-                        f"{data_parallel}")
-
-
-def parallel_sizes(cfg: Config, world_size: int) -> tuple[int, int, int]:
-    """(pp, dp, tp) of a run of ``world_size`` processes, every rule checked: the world size
-    against parallel.world_size (when stated) and parallel.*, then :func:`validate` with that
-    dp. The launcher calls it before it starts the processes (``trainer pretrain --nproc``),
-    each rank before any process group or model exists (``parallel.resolve_layout``)."""
-    check_ranges(cfg)  # tp, pp >= 1 before dividing by them
-    p = cfg.parallel
-    tp, pp = p.tensor_parallel, p.pipeline_parallel
-    if p.world_size and p.world_size != world_size:
-        # a layout stated for another world: run it there, or say which layout to run here
-        dp = p.data_parallel or p.world_size // (tp * pp)
-        processes = "1 process" if world_size == 1 else f"{world_size} processes"
-        start = ("run 1 process (no --nproc)" if p.world_size == 1 else
-                 f"start {p.world_size} (trainer pretrain --nproc ... / torchrun)")
-        raise UserError(f"parallel.world_size {p.world_size} (the recipe's layout: pp{pp} x "
-                        f"dp{dp} x tp{tp}) but this run has {processes}: {start}, or "
-                        f"override parallel.world_size={world_size} with a layout for it")
-    if world_size % (tp * pp):
-        raise UserError(f"world size {world_size} is not divisible by "
-                        f"parallel.tensor_parallel {tp} x parallel.pipeline_parallel {pp}")
-    dp = p.data_parallel or world_size // (tp * pp)
-    if tp * pp * dp != world_size:
-        raise UserError(f"parallel: pp {pp} x dp {dp} x tp {tp} = {pp * dp * tp} processes, "
-                        f"but the world size is {world_size}")
-    validate(cfg, dp)
-    return pp, dp, tp
-
-
 def load_trainer_config(path: str | Path | None, overrides: list[str] | None = None) -> Config:
-    """The config of ``path`` with ``overrides``, its paths absolute (``resolve_paths``: relative
-    to the working directory, as the user meant them), its model settled (a checkpoint to
-    resume or ``checkpoint.init_from`` replaces the recipe's architecture; a ``model.*``
-    override that contradicts it is an error) and validated: what ``trainer pretrain`` runs
-    and ``trainer config`` prints."""
-    overrides = overrides or []
-    cfg = load_config(Config, path, overrides)
+    """The config of ``path`` with ``overrides``, every field within its range and its paths
+    absolute (``resolve_paths``: relative to the working directory, as the user meant them).
+    What the run settles from: ``run_spec.settle`` decides the model, the vocabulary, the
+    precision and the layout and checks the rules between fields."""
+    cfg = load_config(Config, path, overrides or [])
     # relative to where the command runs: the saved config then works from anywhere
     resolve_paths(cfg)
-    model_overrides = [text for text in overrides if _override_key(text).startswith("model.")]
-    given = load_config(Config, None, model_overrides).model
-    resolve_model_settings(cfg, {key: getattr(given, key.removeprefix("model."))
-                                 for key in map(_override_key, model_overrides)})
-    validate(cfg)
     return cfg
-
-
-def _override_key(text: str) -> str:
-    return text.split("=", 1)[0].strip().removeprefix("--")

@@ -56,9 +56,9 @@ def total_steps(cfg: Config, data_parallel: int, skips) -> int:
         steps += 1
 
 
-def schedule_progress(cfg: Config, state: dict) -> tuple[int, int]:
+def schedule_progress(cfg: Config, state) -> tuple[int, int]:
     """(done, total) of the run in ``schedule.unit`` (tokens or samples), from the trainer's
     counters: where the learning-rate schedule stands."""
     if cfg.schedule.unit == "tokens":
-        return state["consumed_tokens"], cfg.train.train_samples * cfg.data.seq_length
-    return state["consumed_samples"], cfg.train.train_samples
+        return state.consumed_tokens, cfg.train.train_samples * cfg.data.seq_length
+    return state.consumed_samples, cfg.train.train_samples

@@ -1,6 +1,6 @@
-"""Validation and ``trainer evaluate``: the loss of a split's blend and of each dataset in it,
-and the blend's provenance behind the per-source train loss. The loss functions themselves
-are ``losses.py``'s.
+"""Validation: the loss of a split's blend and of each dataset in it, for the loop's evaluations
+and ``trainer evaluate`` (``evaluate_command.py``). The per-sample forward is the step
+runner's (``step/sample_forward.py``), the blend's provenance ``data/blend_sources.py``'s.
 
 Mental model:
 
@@ -15,12 +15,6 @@ Mental model:
   blend takes each dataset's samples in order, so its first N samples are, per dataset, the
   first few of those the per-dataset losses read: each sample is evaluated once and the blend's
   loss comes from the same per-sample losses (at most K x N forwards, not (K + 1) x N).
-- The per-source train loss needs no forward of its own: at log steps the loop asks
-  ``train_step`` for each sample's loss (the fused loss computes them anyway, see
-  ``model/loss.py``; tp and pp take them from the logits' cross-entropy), sums them per dataset
-  of the blend (``sample_sources``: ``dataset_index`` of the step's sample ids) with counts
-  (``losses.source_totals``), sums over dp, and on pp takes them from the last stage. The
-  count-weighted mean of the per-source losses is the step's loss (equal-length samples).
 """
 
 from __future__ import annotations
@@ -28,60 +22,17 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
-import numpy as np
 import torch
 
-from bloomline.common.errors import UserError
-from bloomline.trainer.checkpoint import load_checkpoint, load_config_of
-from bloomline.trainer.config import Config
-from bloomline.trainer.data import TokenSamples, open_splits
-from bloomline.trainer.losses import per_sample_means
-from bloomline.trainer.model import build_model
-from bloomline.trainer.precision import Precision, resolve_dtype
+from bloomline.trainer.data import TokenSamples, blend_of
 
-__all__ = ["EvalRow", "SplitEvaluation", "batched_sample_losses", "blend_of",
-           "evaluate_checkpoint", "evaluate_split", "perplexity", "sample_sources"]
-
-SPLITS = ("valid", "test")
+__all__ = ["EvalRow", "SplitEvaluation", "evaluate_split", "perplexity"]
 
 
 def perplexity(loss: float) -> float:
     """exp(loss), capped (exp(80) ~ 5.5e34) so that a diverged run logs a number, not inf."""
     return math.exp(min(loss, 80.0))
-
-
-def batched_sample_losses(forward: Callable[[torch.Tensor], torch.Tensor],
-                          samples: Sequence[torch.Tensor], micro_batch_size: int
-                          ) -> torch.Tensor:
-    """Each sample's loss ([len(samples)], fp32, CPU): ``forward(tokens [b, L + 1]) -> [b]``
-    over micro-batches of ``micro_batch_size`` (the last one smaller)."""
-    out = []
-    for first in range(0, len(samples), micro_batch_size):
-        ids = range(first, min(first + micro_batch_size, len(samples)))
-        out.append(forward(torch.stack([samples[i] for i in ids])).float().cpu())
-    return torch.cat(out) if out else torch.zeros(0)
-
-
-# -- the blend's provenance -----------------------------------------------------------------
-def blend_of(samples):
-    """The ``BlendedSampleDataset`` behind ``samples`` (a ``TokenSamples`` or the dataset
-    itself), or None for one dataset (or a plain list of samples)."""
-    inner = getattr(samples, "samples", samples)
-    if hasattr(inner, "dataset_index") and hasattr(inner, "datasets"):
-        return inner
-    return None
-
-
-def sample_sources(samples, ids: list[list[int]]) -> torch.Tensor | None:
-    """The dataset number (in the blend's ``names``) of every sample id of ``ids`` (the
-    micro-batches of a step, flattened in order; int64), or None without a blend."""
-    blend = blend_of(samples)
-    if blend is None:
-        return None
-    flat = np.asarray([i for batch in ids for i in batch], dtype=np.int64)
-    return torch.from_numpy(np.asarray(blend.dataset_index[flat], dtype=np.int64))
 
 
 # -- evaluating a split ----------------------------------------------------------------------
@@ -209,68 +160,3 @@ def evaluate_split(sample_losses: Callable[[Sequence[torch.Tensor]], torch.Tenso
 def _mean(values) -> float:
     values = list(values.tolist() if hasattr(values, "tolist") else values)
     return math.fsum(values) / max(1, len(values))
-
-
-# -- trainer evaluate ------------------------------------------------------------------------
-def evaluate_checkpoint(checkpoint: str | Path, split: str = "valid",
-                        num_samples: int | None = None,
-                        corpus: str | None = None) -> tuple[SplitEvaluation, int]:
-    """Evaluate a checkpoint on a split of its run's data in this process (any saved layout:
-    the checkpoint reshards into one process), with its config's precision and micro-batch
-    size. Returns the evaluation and the checkpoint's step.
-
-    Args:
-        corpus: a corpus folder to read instead of the config's ``data.corpus`` (a copy of
-            it); its index is then kept in ``CORPUS/.index``, not the config's cache folder.
-
-    Raises:
-        UserError: an unknown split, a corpus that is gone (naming its path), a split the
-            index does not have (``data.split`` gives it no share), a bad sample count, or a
-            checkpoint that does not load.
-    """
-
-    if split not in SPLITS:
-        raise UserError(f"--split {split}: expected one of {', '.join(SPLITS)}")
-    path = Path(checkpoint)
-    cfg = load_config_of(path, Config)
-    count = cfg.train.eval_samples if num_samples is None else num_samples
-    if count < 1:
-        raise UserError(f"--samples {count}: must be at least 1")
-    if corpus is not None:
-        cfg.data.corpus, cfg.data.cache_dir = corpus, ""
-    elif cfg.data.corpus and not Path(cfg.data.corpus).exists():
-        raise UserError(f"{checkpoint}: its data.corpus {cfg.data.corpus} no longer exists; "
-                        "pass --data with the corpus folder (a copy of it)")
-    # the splits first: a missing one is reported before the weights are read
-    splits = open_splits(cfg.data.corpus, cfg.data.seq_length, cfg.train.train_samples,
-                         None, cfg.data.split, cfg.data.seed, cfg.data.weights,
-                         cfg.data.cache_dir)
-    if split not in splits:
-        raise UserError(f"--split {split}: the index of {cfg.data.corpus} has no {split} split "
-                        f"(data.split {cfg.data.split!r} gives it no share); choose "
-                        f"{' or '.join(s for s in SPLITS if s in splits) or 'another split'}")
-    device = torch.device("cpu")
-    model = build_model(cfg.model, device, seed=None)
-    state = load_checkpoint(path, model)
-    model.eval()
-    resolve_dtype(cfg.precision, device)  # "auto" as the run resolved it on this device
-    precision = Precision(cfg.precision, device)
-
-    @torch.no_grad()
-    def forward(tokens: torch.Tensor) -> torch.Tensor:
-        with precision.autocast():
-            _, token_losses = model(tokens[:, :-1], labels=tokens[:, 1:], token_losses=True)
-        return per_sample_means(token_losses, tokens[:, 1:])
-
-    samples = splits[split]
-    name = _single_name(cfg.data.corpus) if blend_of(samples) is None else "blend"
-    result = evaluate_split(
-        lambda picked: batched_sample_losses(forward, picked, cfg.train.micro_batch_size),
-        samples, count, split, name)
-    return result, int(state.get("step", 0))
-
-
-def _single_name(corpus: str) -> str:
-    """The name of a one-dataset corpus (its NAME.idx), for the table's row."""
-    names = sorted(p.stem for p in Path(corpus).glob("*.idx"))
-    return names[0] if len(names) == 1 else "all"

@@ -1,11 +1,13 @@
-"""The training loop, top to bottom: batch -> forward/backward over micro-batches -> clip ->
-step -> schedule -> log -> maybe evaluate -> maybe checkpoint.
+"""The training loop, top to bottom: batch -> step (the runner: forward/backward over
+micro-batches, clip, optimizer step) -> schedule -> log -> maybe evaluate -> maybe checkpoint.
 
+``Trainer.__init__`` settles the run (``run_spec.settle``), builds it (``build.build_run``)
+and sets up what restores and saves it (``run_checkpoints.py``, ``train_state.py``).
 ``Trainer.train_step`` is callable on its own (tests, benchmarks); ``Trainer.run`` is what
 ``trainer pretrain`` does. This module orchestrates; each concern lives in its own module:
-one model's forward/backward in ``forward_backward.py``, the step's shared tail in
-``step.py``, resume/load/save in ``checkpoint/run_checkpoints.py``, records and console lines
-in ``reporting/monitor.py``, batches in ``data.py``, rollbacks and bad steps in ``survival/``.
+the step in ``step/`` (one runner interface, plain or pipelined), resume/load/save in
+``run_checkpoints.py``, records and console lines in ``reporting/monitor.py``, batches in
+``data/``, rollbacks and bad steps in ``survival/``.
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ from pathlib import Path
 import torch
 
 from bloomline.common.errors import UserError
-from bloomline.trainer.checkpoint import RunCheckpoints, list_checkpoints, tokenizer_copy_files
-from bloomline.trainer.config import Config, validate
+from bloomline.trainer.build import build_run
+from bloomline.trainer.checkpoint import list_checkpoints, tokenizer_copy_files
+from bloomline.trainer.config import Config
 from bloomline.trainer.curriculum import (
     global_batch_size,
     schedule_progress,
@@ -25,45 +28,35 @@ from bloomline.trainer.curriculum import (
 )
 from bloomline.trainer.data import (
     StepBatches,
+    blend_of,
     check_token_ids,
-    check_vocabulary,
-    load_run_tokenizer,
     open_splits,
     open_step_batches,
+    sample_sources,
 )
-from bloomline.trainer.evaluation import blend_of, evaluate_split, sample_sources
-from bloomline.trainer.forward_backward import ForwardBackward, loss_functions
+from bloomline.trainer.evaluation import evaluate_split
 from bloomline.trainer.kernels.cpu.linear import configure_cpu_fp32_matmul
 from bloomline.trainer.malloc import tune_malloc
-from bloomline.trainer.model import build_model, padded_vocab_size
-from bloomline.trainer.model_source import load_initial_weights, resolve_model_settings
-from bloomline.trainer.optim import build_optimizer, learning_rate
-from bloomline.trainer.parallel import (
-    build_mesh,
-    init_distributed,
-    parallelize,
-    resolve_layout,
-    world_info,
-)
-from bloomline.trainer.parallel.data_parallel import shard_optimizer_state
-from bloomline.trainer.parallel.pipeline import build_pipeline
-from bloomline.trainer.precision import Precision, resolve_dtype
+from bloomline.trainer.model_source import load_initial_weights
+from bloomline.trainer.optim import learning_rate
+from bloomline.trainer.parallel import build_mesh, init_distributed, world_info
 from bloomline.trainer.reporting.clock import now
-from bloomline.trainer.reporting.metrics import activation_stats as read_activation_stats
 from bloomline.trainer.reporting.monitor import RunMonitor
-from bloomline.trainer.step import clip_grad_norm, finish_step, max_norm, set_learning_rate
+from bloomline.trainer.run_checkpoints import RunCheckpoints
+from bloomline.trainer.run_spec import RunSpec, settle
 from bloomline.trainer.survival import faults
 from bloomline.trainer.survival.preemption import PREEMPTED_EXIT_CODE
-from bloomline.trainer.survival.rollback import roll_back, skips_in_force
+from bloomline.trainer.survival.rollback import Rollback, skips_in_force
 from bloomline.trainer.survival.run_folder import check_start_point, write_run_tokenizer
 from bloomline.trainer.survival.run_guard import RunGuard
 from bloomline.trainer.survival.sample_skips import SkipRanges
+from bloomline.trainer.train_state import TrainState
 
 __all__ = ["Trainer", "resolve_device"]
 
 
 def resolve_device(name: str, local_rank: int = 0) -> torch.device:
-    """cpu, cuda (this process's GPU: cuda:LOCAL_RANK) or auto."""
+    """cpu, cuda (this process's GPU: cuda:LOCAL_RANK, selected) or auto."""
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name.startswith("cuda") and not torch.cuda.is_available():
@@ -74,121 +67,66 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     return torch.device(name)
 
 
-def resolve_vocab(cfg: Config) -> None:
-    """model.vocab_size 0 means: the tokenizer's vocabulary (its largest id + 1, which counts
-    added tokens above the base vocabulary) padded to a multiple of 128 x tp."""
-    if cfg.model.vocab_size == 0:
-        if not cfg.data.tokenizer:
-            raise UserError("model.vocab_size = 0 needs data.tokenizer to size the vocabulary")
-        cfg.model.vocab_size = padded_vocab_size(load_run_tokenizer(cfg.data).vocab_size,
-                                                 tensor_parallel=cfg.parallel.tensor_parallel)
-    check_vocabulary(cfg.data, cfg.model.vocab_size)
-
-
 class Trainer:
-    """One process's training: model, optimizer, precision, data, counters."""
+    """One process's training: its settled run (``spec``), the built model, optimizer and step
+    ``runner``, the ``state`` (``TrainState``) and what keeps the run alive."""
 
     _batches: StepBatches | None = None  # the run's micro-batches (its loader workers)
 
-    def __init__(self, cfg: Config, log=print) -> None:
+    def __init__(self, run: Config | RunSpec, log=print) -> None:
+        """``run``: a loaded config (settled here for this process's rank of the torchrun
+        world) or a ``RunSpec`` settled already (``trainer pretrain``)."""
         started = now()  # the run's elapsed time counts the build too
         rank, local_rank, world_size = world_info()
-        # the model's shape: the recipe's, the checkpoint's it resumes or the model it starts from
-        self.model_source = resolve_model_settings(cfg, log=log if rank == 0 else None)
-        self.layout = resolve_layout(cfg, world_size, rank)
-        validate(cfg, self.layout.dp)
-        resolve_vocab(cfg)
-        self.layout = resolve_layout(cfg, world_size, rank)  # again: the vocabulary is known
-        self.cfg = cfg
         self.is_main = rank == 0
         self.log = log if self.is_main else (lambda *_: None)
+        # 1. settle: the model's shape, vocabulary, precision and layout, every rule once
+        spec = run if isinstance(run, RunSpec) else settle(
+            run, world_size, rank, log=log if self.is_main else None)
+        self.spec, self.cfg, self.layout = spec, spec.config, spec.layout
+        cfg = self.cfg
+        for warning in spec.warnings:
+            self.log(warning)
+        # 2. build: this rank's model, parallelism, optimizer and step runner
         self.device = resolve_device(cfg.train.device, local_rank)
-        slow_precision = resolve_dtype(cfg.precision, self.device)
-        if slow_precision:
-            self.log(slow_precision)
         if cfg.train.tune_malloc:
             tune_malloc()
         configure_cpu_fp32_matmul(cfg.train.cpu_fp32_matmul)
         init_distributed(cfg, self.device)
-        self.mesh = build_mesh(self.layout, self.device)
-        torch.manual_seed(cfg.train.seed)
-        # every rank builds and initializes the whole model from the same seed, then keeps its
-        # shards: the weights equal the single-process run's, which the equivalence tests need
-        self.model = build_model(cfg.model, self.device, seed=cfg.train.seed)
-        loss_fn, loss_context = loss_functions(cfg.train.compile, self.layout.tp)
-        self.dp_group = self.mesh["dp"].get_group() if self.layout.dp > 1 else None
-        self.pipeline = None
-        if self.layout.pp > 1:  # this rank keeps its stages only, each parallelized
-
-            self.pipeline = build_pipeline(self.model, self.mesh, self.layout, cfg,
-                                           self.device, loss_fn, loss_context)
-            self.model = self.pipeline.model  # the stages' modules, single-process names
-        else:
-            parallelize(self.model, self.mesh, self.layout, cfg)
-        self.optimizer = build_optimizer(self.model, cfg.optimizer)
-        if self.layout.dp > 1 and cfg.parallel.zero_stage == 1:
-
-            self.optimizer = shard_optimizer_state(self.optimizer, self.mesh["dp"])
-        self.precision = Precision(cfg.precision, self.device)
-        self.forward_backward = ForwardBackward(self.model, self.precision, self.device,
-                                                self.layout.tp, loss_fn, loss_context,
-                                                self.dp_group)
+        built = build_run(spec, build_mesh(self.layout, self.device), self.device)
+        self.mesh, self.model, self.optimizer = built.mesh, built.model, built.optimizer
+        self.precision, self.runner = built.precision, built.runner
+        # 3. restore: the state a checkpoint carries and the parts that load and save it
         self.run_dir = Path(cfg.train.run_dir)
-        self.state = {"step": 0, "consumed_samples": 0, "consumed_tokens": 0,
-                      "skipped_steps": 0, "bad_in_row": 0, "loss_scale": {}}
+        self.state = TrainState()
+        self.skips = SkipRanges(cfg.train.skip_samples)
         self.monitor = RunMonitor(cfg, self.layout, self.device, self.precision, self.model,
                                   self.optimizer, self.is_main, self.log, started=started)
         self.guard = RunGuard(cfg, self.run_dir, rank)
-        self.skips = SkipRanges(cfg.train.skip_samples)
         # before any checkpoint is loaded: it records the config's optimizer hyper-parameters
         self.checkpoints = RunCheckpoints(cfg, self.run_dir, self.model, self.optimizer,
                                           self.precision, self.guard, self.is_main, self.log)
+        self.rollback = Rollback(cfg, self.run_dir, self.checkpoints, self.monitor,
+                                 self.layout.dp, self.is_main, self.log)
 
     # -- one optimizer step ---------------------------------------------------------------
     def train_step(self, micro_batches: list[torch.Tensor], lr: float,
                    activation_stats: bool = False, sources: torch.Tensor | None = None,
                    num_sources: int = 0) -> dict:
-        """Forward/backward over the micro-batches of one global batch ([mbs, L + 1] token
-        tensors), clip, and step (or skip the step when the loss or a gradient is not
-        finite). Returns loss, grad_norm, skipped and, with ``activation_stats``, the
-        per-layer readings (``step.finish_step``). With ``sources`` (the dataset number of
-        each of this rank's samples, in micro-batch order; ``evaluation.sample_sources``)
-        also ``source_totals``: per dataset of ``num_sources``, the sum of its samples' losses
-        and their count over the global batch (every dp rank's), from this step's forward."""
-        if self.pipeline is not None:  # the schedule runs forward/backward over the stages
-            return self.pipeline.train_step(micro_batches, lr, self.optimizer, self.precision,
-                                            activation_stats, sources, num_sources)
-        model, optimizer, scaler = self.model, self.optimizer, self.precision.scaler
-        set_learning_rate(optimizer, lr)
-        loss, totals = self.forward_backward.run(micro_batches, activation_stats, sources,
-                                                 num_sources)
-        if scaler is not None:
-            scaler.unscale_(optimizer)
-        grad_norm = clip_grad_norm(model.parameters(), max_norm(self.cfg.optimizer.clip_grad))
-        return finish_step(optimizer, scaler, loss, grad_norm, totals,
-                           (lambda: read_activation_stats(model)) if activation_stats else None)
+        """One optimizer step over the micro-batches of a global batch
+        (``StepRunner.train_step``)."""
+        return self.runner.train_step(micro_batches, lr, activation_stats, sources, num_sources)
 
     def full_model_state(self) -> dict[str, torch.Tensor]:
         """The whole model's parameters as plain CPU tensors under the single-process names,
         on every rank (gathers shards: for tests, export and small models)."""
-        if self.pipeline is not None:
-            return self.pipeline.full_model_state()
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            get_model_state_dict,
-        )
-
-        state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True))
-        return {name: value.detach().cpu() for name, value in state.items()}
+        return self.runner.full_model_state()
 
     @torch.no_grad()
     def sample_losses(self, samples) -> torch.Tensor:
-        """Each sample's mean loss ([len(samples)] fp32 on CPU, on every rank), forward only in
-        micro-batches of ``train.micro_batch_size``. Collective: every rank evaluates every
-        sample (FSDP's gathers need all dp ranks in each forward)."""
-        if self.pipeline is not None:
-            return self.pipeline.sample_losses(samples)
-        return self.forward_backward.sample_losses(samples, self.cfg.train.micro_batch_size)
+        """Each sample's mean loss ([len(samples)] fp32 on CPU, on every rank)
+        (``StepRunner.sample_losses``; collective)."""
+        return self.runner.sample_losses(samples)
 
     def evaluate(self, samples, num_samples: int, split: str = "valid") -> dict:
         """``{split}_loss`` and ``{split}_ppl`` over the first ``num_samples`` samples and, when
@@ -206,7 +144,7 @@ class Trainer:
         there is none, start, from ``checkpoint.init_from``'s weights if set."""
         loaded = self.checkpoints.resume(self.skips)
         if loaded is None:
-            load_initial_weights(self.model, self.model_source)
+            load_initial_weights(self.model, self.spec.model_source)
             return None
         self.state, self.skips = loaded.state, loaded.skips
         return loaded.path
@@ -230,7 +168,7 @@ class Trainer:
     def run(self) -> dict:
         """Train to the end of ``train.train_samples`` (or a stop: ``exit_interval``, a signal,
         ``train.max_wallclock``, too many rollbacks). Returns the trainer state; a run that
-        stopped early to be continued has ``state["stopped"]`` set to the reason."""
+        stopped early to be continued has ``state.stopped`` set to the reason."""
         # the run folder's lock; from here on a SIGTERM / SIGUSR1 / SIGINT asks for a checkpoint
         self.guard.start()
         try:
@@ -253,26 +191,27 @@ class Trainer:
             raise UserError(f"data: the train split serves {len(train)} samples, fewer than "
                             f"train.train_samples {cfg.train.train_samples}")
         resumed = self.resume()
-        check_start_point(self.run_dir, cfg.checkpoint.resume, resumed, self.state["step"])
+        check_start_point(self.run_dir, cfg.checkpoint.resume, resumed, self.state.step)
         if self.is_main:  # the run folder usable without the original tokenizer file
             write_run_tokenizer(self.run_dir, tokenizer_copy_files(cfg.data))
-        self.skips = skips_in_force(cfg.train.skip_samples, self.state, self.run_dir)
-        self.state["skip_samples"] = self.skips.to_list()
-        initialized = (self.model_source.path
-                       if not resumed and self.model_source.kind == "init" else None)
+        self.skips = skips_in_force(cfg.train.skip_samples, self.state.skip_samples,
+                                    self.run_dir)
+        self.state.skip_samples = self.skips.to_list()
+        source = self.spec.model_source
+        initialized = source.path if not resumed and source.kind == "init" else None
         # the matmul peak first, while nothing else of this run computes (reporting/monitor.py)
-        self.monitor.start(resumed, initialized, self.model_source.format)
+        self.monitor.start(resumed, initialized, source.format)
         if self.skips:
             self.log(f"skipping train samples {self.skips.to_list()}")
         total = self.total_steps()
-        if self.state["step"] >= total:
-            self.log(f"run complete: step {self.state['step']} of {total}")
+        if self.state.step >= total:
+            self.log(f"run complete: step {self.state.step} of {total}")
             return self.state
         self.monitor.open_metrics()  # closed below: no W&B run stays open after the run
         ended = False
         try:
             self._train(train, splits)
-            if not self.state.get("stopped"):
+            if not self.state.stopped:
                 self._finish_run(splits)
             self._summarize("valid" in splits)
             ended = True
@@ -286,7 +225,7 @@ class Trainer:
         if self._batches is not None:
             self._batches.close()
         # sample ids for a blend's per-source losses at log steps
-        self._batches = open_step_batches(train, self.cfg, self.state["consumed_samples"],
+        self._batches = open_step_batches(train, self.cfg, self.state.consumed_samples,
                                           self.layout.dp_rank, self.layout.dp, self.skips,
                                           pin_memory=self.device.type == "cuda",
                                           with_ids=blend_of(train) is not None)
@@ -299,15 +238,15 @@ class Trainer:
         blend = blend_of(train)
         monitor.steps_begin()
         steps_here = 0
-        while self.state["step"] < steps_total and not (
+        while self.state.step < steps_total and not (
                 cfg.train.exit_interval and steps_here >= cfg.train.exit_interval):
             state = self.state
             steps_here += 1
-            step = state["step"] + 1
+            step = state.step + 1
             monitor.at_step(step)
             guard.watchdog.arm(f"step {step}")
-            size = global_batch_size(cfg, state["consumed_samples"], self.layout.dp)
-            length = sequence_length(cfg, state["consumed_tokens"])
+            size = global_batch_size(cfg, state.consumed_samples, self.layout.dp)
+            length = sequence_length(cfg, state.consumed_tokens)
             micro, ids = batches.next_step(
                 size // (cfg.train.micro_batch_size * self.layout.dp), length)
             log_step = step % cfg.train.log_interval == 0 or step == steps_total
@@ -322,14 +261,15 @@ class Trainer:
             verdict = guard.judge(result)
             guard.watchdog.disarm(step_finished=True)
             self.checkpoints.raise_if_failed()  # a background save's failure ends the run now
-            if verdict.finding is not None and roll_back(self, verdict.finding, step, monitor):
+            loaded = (self.rollback(verdict.finding, step, state, self.skips)
+                      if verdict.finding is not None else None)
+            if loaded is not None:
+                self.state, self.skips = loaded.state, loaded.skips
                 steps_total = self.total_steps()
                 batches = self._open_batches(train)
                 monitor.restart_window()
                 continue
-            state["step"] = step
-            state["consumed_samples"] = self.skips.advance(state["consumed_samples"], size)
-            state["consumed_tokens"] += size * length
+            state.advance(size, length, self.skips.advance(state.consumed_samples, size))
             guard.count_bad(state, result, step, self.precision.scaler is not None, self.log)
             monitor.step_done(step, size, length, result["loss"])
             if log_step:
@@ -347,7 +287,7 @@ class Trainer:
 
     def _finish_run(self, splits) -> None:
         """The last evaluation and checkpoint (end of the run or of ``exit_interval``)."""
-        cfg, step = self.cfg, self.state["step"]
+        cfg, step = self.cfg, self.state.step
         if cfg.train.eval_interval and step % cfg.train.eval_interval:
             self._evaluate(splits, step)
         if not cfg.checkpoint.interval or step % cfg.checkpoint.interval:
@@ -357,8 +297,8 @@ class Trainer:
     def _summarize(self, has_valid: bool) -> None:
         """The end-of-run summary (``monitor.summarize``): the run completed, stopped to be
         continued (a signal, ``train.max_wallclock``), or ended its ``train.exit_interval``."""
-        total, step = self.total_steps(), self.state["step"]
-        reason = self.state.get("stopped") or (
+        total, step = self.total_steps(), self.state.step
+        reason = self.state.stopped or (
             "" if step >= total else
             f"train.exit_interval = {self.cfg.train.exit_interval} steps in this process")
         checkpoints = list_checkpoints(self.run_dir) if self.is_main else []
@@ -367,11 +307,11 @@ class Trainer:
 
     def _stop_for(self, reason: str) -> None:
         """Save (unless this step's checkpoint was just written) and mark the run stopped."""
-        step = self.state["step"]
+        step = self.state.step
         if not (self.cfg.checkpoint.interval and step % self.cfg.checkpoint.interval == 0):
             self.log(f"checkpoint: {self.save()}")
         self.finish_saves()
-        self.state["stopped"] = reason
+        self.state.stopped = reason
         self.monitor.write({"kind": "stop", "step": step, "reason": reason})
         self.log(f"stopping after step {step}: {reason}; checkpoint saved, exit code "
                  f"{PREEMPTED_EXIT_CODE} (resume with --resume auto)")

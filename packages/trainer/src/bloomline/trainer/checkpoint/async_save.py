@@ -32,9 +32,10 @@ from pathlib import Path
 import torch
 import torch.distributed.checkpoint as dcp
 
+from bloomline.trainer.checkpoint.dcp_state import saved_state_dict
 from bloomline.trainer.checkpoint.failure import failed_save
 from bloomline.trainer.checkpoint.layout import PendingSave
-from bloomline.trainer.checkpoint.save import begin_save, finish_save, saved_state_dict
+from bloomline.trainer.checkpoint.save import begin_save, finish_save
 
 __all__ = ["AsyncCheckpointer"]
 

@@ -9,12 +9,15 @@ Modules:
   with the trainer);
 - ``run_tokenizer.py``: ``load_run_tokenizer``, the run's tokenizer, loaded once per process;
 - ``vocabulary.py``: ``check_vocabulary`` and ``check_token_ids``, the tokenizer, corpus and
-  batches against the model's vocabulary.
+  batches against the model's vocabulary;
+- ``blend_sources.py``: ``blend_of`` and ``sample_sources``, which dataset of a blend each
+  sample comes from (the per-source train loss, per-dataset validation).
 
 This package re-exports the names callers use; tests that monkeypatch a name patch the
 module that defines it.
 """
 
+from bloomline.trainer.data.blend_sources import blend_of, sample_sources
 from bloomline.trainer.data.loader import (
     MegatronSampler,
     StepBatches,
@@ -27,6 +30,6 @@ from bloomline.trainer.data.run_tokenizer import load_run_tokenizer
 from bloomline.trainer.data.vocabulary import check_token_ids, check_vocabulary
 from bloomline.trainer.data.workers import close_loader
 
-__all__ = ["MegatronSampler", "StepBatches", "TokenSamples", "check_token_ids",
+__all__ = ["MegatronSampler", "StepBatches", "TokenSamples", "blend_of", "check_token_ids",
            "check_vocabulary", "close_loader", "load_run_tokenizer", "make_loader",
-           "open_splits", "open_step_batches"]
+           "open_splits", "open_step_batches", "sample_sources"]

@@ -5,7 +5,7 @@ parallelism (DTensor, ``tensor_parallel.py``), activation checkpointing
 (``activation_checkpoint.py``), per-block compile, then data parallelism with the ZeRO stage
 (DDP / FSDP2, ``data_parallel.py``). Pipeline parallelism splits the model into stages first
 and parallelizes each stage the same way (``pipeline.py``). ``mesh.py`` owns the device mesh
-("pp", "dp", "tp"); the layout's rules live with the config (``config.parallel_sizes``). See
+("pp", "dp", "tp"); the layout's rules live with the config's (``config_rules.py``). See
 README.md in this folder.
 """
 
@@ -15,21 +15,10 @@ from bloomline.trainer.parallel.mesh import (
     Layout,
     build_mesh,
     init_distributed,
-    resolve_layout,
     world_info,
 )
 
-__all__ = ["Layout", "build_mesh", "init_distributed", "parallelize", "resolve_layout",
-           "set_gradient_sync", "world_info"]
-
-
-def set_gradient_sync(model, enabled: bool) -> None:
-    """Whether the next backward reduces gradients over dp (off for all but the last
-    micro-batch of a step). A no-op for a model without data parallelism, and for ZeRO-2/3,
-    which reduce-scatter after every micro-batch to keep gradients sharded (data_parallel.py)."""
-    setter = getattr(model, "set_requires_gradient_sync", None)  # FSDP2's (replicate, shard)
-    if setter is not None and not getattr(model, "reduce_every_micro_batch", False):
-        setter(enabled)
+__all__ = ["Layout", "build_mesh", "init_distributed", "parallelize", "world_info"]
 
 
 def parallelize(model, mesh, layout: Layout, cfg):

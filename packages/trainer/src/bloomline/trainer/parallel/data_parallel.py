@@ -35,7 +35,7 @@ and v; "at rest" is between steps, when the trainer has freed the gradients):
 Gradient accumulation. Stages 0-1 reduce once per step: ``set_requires_gradient_sync(False)``
 (FSDP2's, on the root) for all but the last micro-batch, and each rank accumulates its whole
 gradient locally in between, which it holds anyway. Stages 2-3 reduce-scatter after every
-micro-batch (``reduce_every_micro_batch`` tells ``parallel.set_gradient_sync`` to leave sync on)
+micro-batch (``set_gradient_sync`` leaves their sync on)
 and accumulate into the sharded gradient: FSDP2's no-sync mode would accumulate the *unsharded*
 gradient (4Ψ per rank until the last micro-batch), undoing ZeRO-2/3's gradient sharding for
 the whole accumulation; ZeRO (DeepSpeed) reduces per micro-batch for the same reason.
@@ -56,12 +56,28 @@ from the same root mesh). ZeRO-1 shards each tp-local slice over dp in the same 
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch import nn
 
 from bloomline.common.errors import UserError
 
-__all__ = ["ShardedOptimizer", "apply_data_parallel", "shard_optimizer_state"]
+__all__ = ["ShardedOptimizer", "apply_data_parallel", "set_gradient_sync",
+           "shard_optimizer_state"]
+
+# the models ``apply_data_parallel`` sharded with ZeRO-2/3: they reduce-scatter after every
+# micro-batch, so that their gradients stay sharded (module docstring)
+_REDUCED_EVERY_MICRO_BATCH: weakref.WeakSet = weakref.WeakSet()
+
+
+def set_gradient_sync(model: nn.Module, enabled: bool) -> None:
+    """Whether the next backward reduces gradients over dp (off for all but the last
+    micro-batch of a step). A no-op for a model without data parallelism, and for ZeRO-2/3,
+    which reduce-scatter after every micro-batch to keep gradients sharded."""
+    setter = getattr(model, "set_requires_gradient_sync", None)  # FSDP2's (replicate, shard)
+    if setter is not None and model not in _REDUCED_EVERY_MICRO_BATCH:
+        setter(enabled)
 
 
 def _blocks(model: nn.Module) -> list[nn.Module]:
@@ -103,7 +119,7 @@ def apply_data_parallel(model: nn.Module, dp_mesh, cfg) -> nn.Module:
                     offload_policy=policy)
     fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=precision,
                 offload_policy=policy)
-    model.reduce_every_micro_batch = True  # read by parallel.set_gradient_sync
+    _REDUCED_EVERY_MICRO_BATCH.add(model)
     return model
 
 

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
-from bloomline.trainer.config import Config, parallel_sizes
+from bloomline.trainer.config import Config
 
-__all__ = ["Layout", "build_mesh", "resolve_layout", "init_distributed", "world_info"]
+__all__ = ["Layout", "build_mesh", "init_distributed", "world_info"]
 
 AXES = ("pp", "dp", "tp")
 
@@ -58,15 +58,6 @@ def world_info() -> tuple[int, int, int]:
     """(rank, local rank, world size) from torchrun's environment (0, 0, 1 without it)."""
     return (int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0)),
             int(os.environ.get("WORLD_SIZE", 1)))
-
-
-def resolve_layout(cfg: Config, world_size: int, rank: int = 0) -> Layout:
-    """The mesh sizes for ``world_size`` processes. The rules (heads, MLP and vocabulary by
-    tp, layers by the stages, the global batch by dp x micro-batch, the world size by the
-    product) live with the config: ``config.parallel_sizes``, each a UserError naming the
-    fields."""
-    pp, dp, tp = parallel_sizes(cfg, world_size)
-    return Layout(pp=pp, dp=dp, tp=tp, rank=rank)
 
 
 def init_distributed(cfg: Config, device: torch.device) -> None:

@@ -131,7 +131,7 @@ def _outer_plan(model, sequence_parallel: bool) -> dict[str, ParallelStyle]:
     if getattr(model, "word_embeddings_layernorm", None) is not None:
         plan["word_embeddings_layernorm"] = (
             SequenceParallel(use_local_output=False) if sequence_parallel else _ReplicateNorm())
-    embeds = getattr(model, "embeds_tokens", True) and "word_embeddings" in plan
+    embeds = model.embeds_tokens and "word_embeddings" in plan
     if sequence_parallel and not embeds:
         # a later pipeline stage takes this rank's local sequence shard of the hidden states:
         # as a DTensor its shape is the global one, which GPT.attention_bias sizes the bias by
@@ -160,7 +160,6 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, cfg) -> nn.Modu
         attention.num_heads = attention.total_heads // tp
         attention.head_start = tp_rank * attention.num_heads
         parallelize_module(block, tp_mesh, _block_plan(sequence_parallel))
-        block.tp_mesh = tp_mesh  # activation_stats takes the maxima over it
     parallelize_module(model, tp_mesh, _outer_plan(model, sequence_parallel))
     if sequence_parallel and getattr(model, "ln_f", None) is not None:
         parallelize_module(model.ln_f, tp_mesh, PrepareModuleOutput(

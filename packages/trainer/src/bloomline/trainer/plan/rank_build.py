@@ -1,15 +1,12 @@
-"""One rank of a recipe at its real world size, built the way ``trainer pretrain`` builds it,
-on the meta device under a fake process group: what that rank holds, with no memory and no
+"""One rank of a recipe at its real world size, built by ``trainer pretrain``'s own build, on
+the meta device under a fake process group: what that rank holds, with no memory and no
 hardware.
 
-``build_rank(cfg, world_size, rank)`` follows ``Trainer.__init__`` (loop.py) step by step:
-``resolve_layout`` (every divisibility rule, as a UserError naming the fields), the
-("pp", "dp", "tp") mesh of ``build_mesh``, the GPT (built on the meta device, as ``build_model``
-does before it materializes), then ``build_pipeline`` (pp > 1: the stage split of
-``partition.py``, pruning, and ``parallelize`` per stage) or ``parallelize`` (tp -> activation
-checkpointing -> compile -> dp/ZeRO), then ``build_optimizer`` and, for ZeRO-1,
-``shard_optimizer_state``. The one departure: the model is never materialized or initialized
-(``to_empty`` + ``init_weights``), so every parameter stays a meta tensor (DTensor of meta
+``build_rank(cfg, world_size, rank)`` settles the run as ``Trainer.__init__`` does
+(``run_spec.settle``: every rule, as a UserError naming the fields), makes the ("pp", "dp",
+"tp") mesh of ``build_mesh`` and calls ``build.build_run`` (the model, its pipeline stages,
+the parallelism, the optimizer and the step runner) with ``tensors="meta"``: the model is
+never materialized or initialized, so every parameter stays a meta tensor (DTensor of meta
 locals under tp / FSDP2) and the build takes seconds even for 176B.
 
 The byte counts are what *this trainer* keeps (``precision.py``, ``optim.py``,
@@ -40,17 +37,18 @@ the device's model-state total to which an activation estimate is added.
 from __future__ import annotations
 
 import contextlib
-import copy
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
 
 from bloomline.common.errors import UserError
+from bloomline.trainer.build import BuiltRun
 from bloomline.trainer.config import Config
 from bloomline.trainer.plan.fake_world import fake_world
 
-__all__ = ["BuiltRank", "RankPlan", "build_rank", "built_rank", "plan_rank", "planned_config"]
+__all__ = ["RankPlan", "build_rank", "built_rank", "plan_rank", "planned_config",
+           "planned_spec"]
 
 FP32_BYTES = 4
 ADAM_STATES = 2  # exp_avg and exp_avg_sq, in the parameter's dtype (fp32), for AdamW and LAMB
@@ -146,57 +144,41 @@ def _table_rows(weight) -> int:
     return rows
 
 
-def _resolve_vocab(cfg: Config) -> None:
-    """model.vocab_size 0 (from the tokenizer) resolved as the trainer does, when the
-    tokenizer is there; planning without it needs the size given."""
-    if cfg.model.vocab_size:
-        return
+def _check_vocabulary_given(cfg: Config) -> None:
+    """model.vocab_size 0 is sized from the tokenizer as the trainer does, when the tokenizer
+    is there; planning without it needs the size given."""
     from pathlib import Path
 
-    if not cfg.data.tokenizer or not Path(cfg.data.tokenizer).exists():
+    if not cfg.model.vocab_size and (not cfg.data.tokenizer
+                                     or not Path(cfg.data.tokenizer).exists()):
         raise UserError("model.vocab_size = 0 sizes the vocabulary from data.tokenizer, which "
                         "is not there: give the padded size (model.vocab_size=N)")
-    from bloomline.trainer.loop import resolve_vocab
-
-    resolve_vocab(cfg)
-
-
-@dataclass
-class BuiltRank:
-    """A rank as ``built_rank`` leaves it, inside its fake world: the layout, the mesh, the
-    model (a pipeline rank's pruned stages), the modules the rank runs (``chunks``: the model,
-    or one per local pipeline stage), the optimizer, the stage partition and, under pp, the
-    ``Pipeline``."""
-
-    cfg: Config
-    layout: object
-    mesh: object
-    model: torch.nn.Module
-    chunks: list
-    optimizer: object
-    stage_layers: list
-    stages: tuple[int, ...]
-    pipeline: object = None
 
 
 def planned_config(cfg: Config, target: str) -> Config:
-    """A copy of ``cfg`` with what depends on the device resolved for a run on ``target``
-    (``cuda`` or ``cpu``): ``precision.dtype`` ``auto`` (bf16 on a GPU), ``model.attention``
-    ``auto``; and ``train.compile`` off (inductor cannot compile fake tensors; the memory of
-    a compiled block is the same)."""
+    """A copy of ``cfg`` with what the planner changes for a run on ``target`` (``cuda`` or
+    ``cpu``): ``model.attention`` ``auto`` resolved for it, and ``train.compile`` off
+    (inductor cannot compile fake tensors; the memory of a compiled block is the same). The
+    precision is settled for ``target`` by ``settle``."""
     from bloomline.trainer.model.attention import resolve_kernel
-    from bloomline.trainer.precision import resolve_dtype
+    from bloomline.trainer.run_spec import thawed_copy
 
-    cfg = copy.deepcopy(cfg)
-    device = torch.device(target)
-    if target == "cuda":
-        if cfg.precision.dtype == "auto":
-            cfg.precision.dtype = "bf16"  # every GPU the planner knows computes bf16 natively
-    else:
-        resolve_dtype(cfg.precision, device)
-    cfg.model.attention = resolve_kernel(cfg.model.attention, device)
-    cfg.train.compile = False  # inductor cannot compile fake tensors; the memory is the same
+    cfg = thawed_copy(cfg)
+    cfg.model.attention = resolve_kernel(cfg.model.attention, torch.device(target))
+    cfg.train.compile = False
     return cfg
+
+
+def planned_spec(cfg: Config, world_size: int, rank: int, target: str = "cuda"):
+    """The ``RunSpec`` of rank ``rank`` of a ``world_size`` run of ``cfg`` on ``target``, as
+    ``trainer pretrain`` would settle it there (``planned_config``'s changes made)."""
+    from bloomline.trainer.run_spec import settle
+
+    if not 0 <= rank < world_size:
+        raise UserError(f"rank {rank} is outside a world of {world_size} processes")
+    _check_vocabulary_given(cfg)
+    return settle(planned_config(cfg, target), world_size, rank, device=target,
+                  check_tokenizer=False)
 
 
 @contextlib.contextmanager
@@ -232,62 +214,23 @@ def _real_mesh_arithmetic() -> Iterator[None]:
 
 @contextlib.contextmanager
 def built_rank(cfg: Config, world_size: int, rank: int, fake: bool = False,
-               target: str = "cuda") -> Iterator[BuiltRank]:
-    """Build rank ``rank`` of a ``world_size``-process run of ``cfg`` (loaded with
-    ``load_trainer_config``, overrides applied) under ``fake_world`` and yield it; the fake
-    process group lives until the block ends. ``fake`` False: the GPT is built on the meta
-    device (no storage at all); True: everything is built under torch's ``FakeTensorMode``,
-    whose tensors have sizes and devices but no data, so that a step can run on them
-    (``traced_step``). Raises UserError for a layout the trainer would refuse (the same checks,
-    the same messages, as ``trainer pretrain``). ``cfg`` may be completed in place (a
-    vocabulary of 0 resolved from the tokenizer), as the trainer does; the rank is built
-    from a copy with the device-dependent settings resolved for ``target``
-    (``planned_config``), which ``BuiltRank.cfg`` holds."""
-    from bloomline.trainer.config import validate
-    from bloomline.trainer.forward_backward import loss_functions
-    from bloomline.trainer.model import GPT
-    from bloomline.trainer.optim import build_optimizer
-    from bloomline.trainer.parallel import build_mesh, parallelize, resolve_layout
-    from bloomline.trainer.parallel.data_parallel import shard_optimizer_state
-    from bloomline.trainer.parallel.partition import uniform_split
-    from bloomline.trainer.parallel.pipeline import build_pipeline
+               target: str = "cuda") -> Iterator[BuiltRun]:
+    """Build rank ``rank`` of a ``world_size``-process run of ``cfg`` (a loaded config,
+    overrides applied) under ``fake_world`` and yield its ``build.BuiltRun``; the fake process
+    group lives until the block ends. ``fake`` False: the parameters are meta tensors (no
+    storage at all); True: everything is built under torch's ``FakeTensorMode``, whose tensors
+    have sizes and devices but no data, so that a step can run on them (``traced_step``).
+    Raises UserError for a layout the trainer would refuse (the same checks, the same
+    messages, as ``trainer pretrain``)."""
+    from bloomline.trainer.build import build_run
+    from bloomline.trainer.parallel import build_mesh
 
-    if not 0 <= rank < world_size:
-        raise UserError(f"rank {rank} is outside a world of {world_size} processes")
-    layout = resolve_layout(cfg, world_size, rank)  # every layout rule, before any group
-    validate(cfg, layout.dp)
-    _resolve_vocab(cfg)
-    cfg = planned_config(cfg, target)
-    layout = resolve_layout(cfg, world_size, rank)  # again: the vocabulary is known
+    spec = planned_spec(cfg, world_size, rank, target)
     device = torch.device("cpu")  # the mesh's device type; the tensors stay meta or fake
-    if fake:
-        tensors, model_tensors = _fake_tensors(), contextlib.nullcontext()
-    else:
-        tensors, model_tensors = contextlib.nullcontext(), torch.device("meta")
     with fake_world(world_size, rank):
-        mesh = build_mesh(layout, device)  # of real tensors: DeviceMesh reads their values
-        with tensors:
-            with model_tensors:
-                model = GPT(cfg.model)
-            pipeline = None
-            if layout.pp > 1:
-                loss_fn, loss_context = loss_functions(cfg.train.compile, layout.tp)
-                pipeline = build_pipeline(model, mesh, layout, cfg, device, loss_fn,
-                                          loss_context)
-                model = pipeline.model
-                stage_layers = pipeline.layers
-                stages = tuple(pipeline.stage_ids)
-                chunks = pipeline.chunks
-            else:
-                stage_layers = uniform_split(cfg.model.num_layers, 1)
-                stages = (0,)
-                parallelize(model, mesh, layout, cfg)
-                chunks = [model]
-            optimizer = build_optimizer(model, cfg.optimizer)
-            if layout.dp > 1 and cfg.parallel.zero_stage == 1:
-                optimizer = shard_optimizer_state(optimizer, mesh["dp"])
-            yield BuiltRank(cfg, layout, mesh, model, chunks, optimizer, stage_layers, stages,
-                            pipeline)
+        mesh = build_mesh(spec.layout, device)  # of real tensors: DeviceMesh reads their values
+        with _fake_tensors() if fake else contextlib.nullcontext():
+            yield build_run(spec, mesh, device, tensors="fake" if fake else "meta")
 
 
 def build_rank(cfg: Config, world_size: int, rank: int) -> RankPlan:
@@ -297,9 +240,9 @@ def build_rank(cfg: Config, world_size: int, rank: int) -> RankPlan:
         return _measure(built)
 
 
-def _measure(built: BuiltRank) -> RankPlan:
+def _measure(built: BuiltRun) -> RankPlan:
     """The RankPlan of a built rank: shard sizes read off its parameters and optimizer."""
-    cfg, layout, model, chunks = built.cfg, built.layout, built.model, built.chunks
+    cfg, layout, model, chunks = built.spec.config, built.spec.layout, built.model, built.chunks
     optimizer, stage_layers, stages = built.optimizer, built.stage_layers, built.stages
     zero, pp = cfg.parallel.zero_stage, layout.pp
     params = list(model.parameters())

@@ -10,18 +10,19 @@ which also tells all-gather and reduce-scatter buffers apart, else ``MemTracker`
 A step on zero gradients first creates the optimizer state (as in every step after the
 first). Then:
 
-- without pipelining: two micro-batches (one when the step has one) through
-  ``ForwardBackward`` (the trainer's forward, loss and backward, gradient reduction
-  included), then the optimizer step. More micro-batches add nothing to the peak: each
-  one's activations are freed by its backward, and from the second on the accumulated
+- without pipelining: two micro-batches (one when the step has one) through the step
+  runner's own ``forward_backward`` (the trainer's forward, loss and backward, gradient
+  reduction included), then the optimizer step. More micro-batches add nothing to the peak:
+  each one's activations are freed by its backward, and from the second on the accumulated
   gradients are there during the forward.
-- with pipelining: the stage's micro-batches in 1F1B order, as many held at once as its
-  schedule keeps in flight (1F1B: ``pp - stage``; the plan passes GPipe's all) and one more
-  (a forward that runs with gradients held), each stage output kept until its backward as
-  torch's schedule keeps it; then the tied-embedding gradient reduction and the optimizer
-  step. The schedule itself is not run: its point-to-point transfers need a peer (a fake
-  process group returns nothing), so the stage takes a fake input of the shape its
-  predecessor sends.
+- with pipelining: the compute actions of the runner's own schedule
+  (``PipelinedRunner.actions``, from torch's schedule object) for as many micro-batches as
+  the schedule keeps in flight (1F1B: ``pp - stage``; the plan passes GPipe's all) and one
+  more (a forward that runs with gradients held), each stage output kept until its backward
+  as torch's schedule keeps it, the last stage's loss the runner's; then the runner's
+  gradient reductions (the tied embedding) and the optimizer step. The schedule's transfers
+  are not run: they need a peer (a fake process group returns nothing), so a stage takes a
+  fake input of the shape its predecessor sends.
 
 What the tracker counts is every tensor the step's operators allocate, at the moment they
 exist: parameters, gradients, optimizer state, saved activations, temporaries, and
@@ -44,8 +45,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from bloomline.trainer.build import BuiltRun
 from bloomline.trainer.config import Config
-from bloomline.trainer.plan.rank_build import BuiltRank, built_rank, planned_config
+from bloomline.trainer.plan.rank_build import built_rank, planned_spec
 from bloomline.trainer.torch_compat import memory_tracker
 
 __all__ = ["TracedStep", "trace_ranks", "trace_step"]
@@ -137,7 +139,7 @@ def _clean_caches():
         cached_alibi_bias.cache_clear()
 
 
-def _create_optimizer_state(built: BuiltRank) -> None:
+def _create_optimizer_state(built: BuiltRun) -> None:
     """An optimizer step on zero gradients, untracked: the optimizer state (created at the
     first step) then exists when the traced step starts, as in every step after the first,
     without tracing a whole step more."""
@@ -148,105 +150,96 @@ def _create_optimizer_state(built: BuiltRank) -> None:
     built.optimizer.zero_grad(set_to_none=True)
 
 
-def _tracker(built: BuiltRank):
+def _tracker(built: BuiltRun):
     optimizer = getattr(built.optimizer, "inner", built.optimizer)  # ZeRO-1 wraps one
     return memory_tracker(built.model, optimizer)
 
 
-def _micro_batch_step(built: BuiltRank, precision, tracker=None) -> int:
-    """The unpipelined step's forward and backward, micro-batch by micro-batch as
-    ``ForwardBackward.run`` does them (its ``forward_loss``, the gradient reduction on the
-    last); ``tracker``'s per-module records are cleared before each (see ``_stage_step``)."""
-    from bloomline.trainer.forward_backward import ForwardBackward, loss_functions
-    from bloomline.trainer.parallel import set_gradient_sync
+@contextlib.contextmanager
+def _per_forward_records(modules, tracker):
+    """``tracker``'s per-module records cleared before each forward of ``modules``: the
+    trackers keep one forward per module and step (their global peak is kept). A global
+    forward pre-hook, entered before the tracker: it then runs before the tracker's own
+    hooks (global ones, or the module's), which record the forward that starts."""
+    from torch.nn.modules.module import register_module_forward_pre_hook
 
-    cfg, layout, model = built.cfg, built.layout, built.model
-    loss_fn, loss_context = loss_functions(False, layout.tp)
-    step = ForwardBackward(model, precision, torch.device("cpu"), layout.tp, loss_fn,
-                           loss_context, None)
-    # two micro-batches when the step accumulates: the second forward runs with the first's
-    # gradients held, the step's peak
+    ids = {id(module) for module in modules}
+
+    def reset(module, args) -> None:
+        if id(module) in ids:
+            tracker.reset_mod_stats()
+
+    handle = register_module_forward_pre_hook(reset)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def _micro_batch_step(built: BuiltRun) -> int:
+    """The unpipelined step's forward and backward: the runner's own ``forward_backward``
+    (the trainer's forward, loss, backward and gradient reduction) over two micro-batches
+    when the step accumulates: the second forward runs with the first's gradients held, the
+    step's peak. More add nothing: each one's activations are freed by its backward."""
+    cfg, layout = built.spec.config, built.spec.layout
     count = min(2, cfg.train.global_batch_size // (layout.dp * cfg.train.micro_batch_size))
     shape = (cfg.train.micro_batch_size, cfg.data.seq_length + 1)
-    model.train()
-    for index in range(count):
-        if tracker is not None:
-            tracker.reset_mod_stats()
-        set_gradient_sync(model, index == count - 1)
-        with loss_context():
-            loss = step.forward_loss(torch.randint(0, cfg.model.vocab_size, shape))
-            precision.scale(loss / count).backward()
+    built.runner.forward_backward([torch.randint(0, cfg.model.vocab_size, shape)
+                                   for _ in range(count)])
     return 1
 
 
-def _stage_step(built: BuiltRank, precision, in_flight: int, total: int,
-                tracker=None) -> int:
-    """The pipelined step of this rank's stage(s) in 1F1B order: ``in_flight - 1`` warm-up
-    forwards, then forward / backward pairs (so that ``in_flight`` micro-batches are held at
-    once, and later forwards run with the accumulated gradients), then the remaining
-    backwards; ``total`` micro-batches in all. ``tracker``'s per-module records are cleared
-    before each forward: the trackers keep one forward per module and step (their global
-    peak is kept)."""
-    from collections import deque
+def _stage_step(built: BuiltRun, total: int) -> int:
+    """The pipelined step of this rank's stage(s): the compute actions of the runner's
+    schedule for ``total`` micro-batches (``PipelinedRunner.actions``: forwards, backwards and
+    gradient reductions in the schedule's order), each stage output kept until its backward
+    as torch's schedule keeps it. A stage after the first takes a fake input of the shape its
+    predecessor sends (the schedule's transfers need a peer). Returns the most micro-batches
+    held at once."""
+    from bloomline.trainer.parallel.data_parallel import set_gradient_sync
 
-    from bloomline.trainer.parallel import set_gradient_sync
-
-    cfg, layout, pipeline = built.cfg, built.layout, built.pipeline
+    cfg, layout, runner = built.spec.config, built.spec.layout, built.runner
     mb, seq = cfg.train.micro_batch_size, cfg.data.seq_length
     # a later stage receives its sequence shard under sp, in the residual stream's dtype
     seq_local = seq // layout.tp if cfg.parallel.sequence_parallel else seq
-    stream = torch.float32 if cfg.model.residual_fp32 else precision.dtype
-    pipeline._loss_divisor = total
-
-    def context():
-        return (pipeline.loss_context() if pipeline.loss_context is not None
-                else contextlib.nullcontext())
-
-    def one_f_one_b(chunk, stage: int) -> None:
+    stream = torch.float32 if cfg.model.residual_fp32 else built.precision.dtype
+    chunks = dict(zip(built.stages, built.chunks, strict=True))
+    last_stage = runner.stages.num_stages - 1
+    actions = runner.actions(total, (mb, seq))
+    last_backward = {a.stage: a.micro_batch for a in actions if a.kind == "B"}
+    runner.begin_step(total)
+    pending: dict = {}
+    held = 0
+    for chunk in built.chunks:
         chunk.train()
-        pending: deque = deque()
-        done = 0
-
-        def forward():
-            if stage == 0:
+    for action in actions:
+        chunk = chunks[action.stage]
+        if action.kind == "F":
+            if action.stage == 0:
                 tokens = torch.randint(0, cfg.model.vocab_size, (mb, seq + 1))
                 inputs, labels = tokens[:, :-1], tokens[:, 1:]
             else:
                 inputs = torch.empty(mb, seq_local, cfg.model.hidden_size, dtype=stream,
                                      requires_grad=True)
                 labels = torch.randint(0, cfg.model.vocab_size, (mb, seq))
-            if tracker is not None:
-                tracker.reset_mod_stats()
-            with context():
+            with runner.context():
                 out = chunk(inputs)
                 # the schedule keeps a stage's output until its backward (the last stage's
                 # logits too, beside the loss computed from them)
-                loss = pipeline._loss(out, labels) if stage == pipeline.num_stages - 1 else None
-            pending.append((out, loss))
-
-        def backward():
-            nonlocal done
-            out, loss = pending.popleft()  # both live through the backward, then go
-            done += 1
-            set_gradient_sync(chunk, done == total)
-            with context():
+                loss = (runner.micro_batch_loss(out, labels) if action.stage == last_stage
+                        else None)
+            pending[(action.stage, action.micro_batch)] = (out, loss)
+            held = max(held, sum(1 for stage, _ in pending if stage == action.stage))
+        elif action.kind == "B":
+            out, loss = pending.pop((action.stage, action.micro_batch))
+            set_gradient_sync(chunk, action.micro_batch == last_backward[action.stage])
+            with runner.context():
                 if loss is not None:
                     loss.backward()
                 else:
                     out.backward(torch.empty_like(out))
-
-        for _ in range(in_flight - 1):
-            forward()
-        for _ in range(total - in_flight + 1):
-            forward()
-            backward()
-        while pending:
-            backward()
-
-    for chunk, stage in zip(pipeline.chunks, pipeline.stage_ids, strict=True):
-        one_f_one_b(chunk, stage)
-    pipeline.tied.all_reduce_grad()
-    return in_flight
+    runner.reduce_gradients()  # the tied embedding's gradient, as the step does after backward
+    return held
 
 
 def trace_step(cfg: Config, world_size: int, rank: int, target: str = "cuda",
@@ -256,9 +249,8 @@ def trace_step(cfg: Config, world_size: int, rank: int, target: str = "cuda",
     ``in_flight``: the micro-batches a pipeline stage holds at once (the plan passes its
     schedule's count; default: 1F1B's ``pp - stage``, at most the step's micro-batches).
     Raises UserError for a layout the trainer would refuse."""
-    from bloomline.trainer.precision import Precision
-
-    cfg = planned_config(cfg, target)
+    spec = planned_spec(cfg, world_size, rank, target)
+    cfg = spec.config
     device_twins = contextlib.ExitStack()
     device_twins.enter_context(_dtensor_propagation_apart())
     if target == "cuda":
@@ -267,8 +259,7 @@ def trace_step(cfg: Config, world_size: int, rank: int, target: str = "cuda",
         device_twins.enter_context(_flex_memory_twin())
     with (_clean_caches(), device_twins,
           built_rank(cfg, world_size, rank, fake=True, target=target) as built):
-        precision = Precision(cfg.precision, torch.device("cpu"))
-        layout = built.layout
+        layout = built.spec.layout
         stage = layout.coords[0]
         per_pipeline = cfg.train.global_batch_size // (layout.dp * cfg.train.micro_batch_size)
         if in_flight is None:
@@ -276,20 +267,15 @@ def trace_step(cfg: Config, world_size: int, rank: int, target: str = "cuda",
         # one micro-batch past those in flight (when the step has it): its forward runs after
         # a backward, with gradients held
         total = min(per_pipeline, in_flight + 1)
-
-        def step(tracker=None) -> int:
-            if built.pipeline is None:
-                held = _micro_batch_step(built, precision, tracker)
-            else:
-                held = _stage_step(built, precision, in_flight, total, tracker)
-            built.optimizer.step()
-            built.optimizer.zero_grad(set_to_none=True)
-            return held
-
         _create_optimizer_state(built)
         tracker = _tracker(built)
-        with tracker:
-            held = step(tracker)
+        with _per_forward_records(built.chunks, tracker), tracker:
+            if layout.pp == 1:
+                held = _micro_batch_step(built)
+            else:
+                held = _stage_step(built, total)
+            built.optimizer.step()
+            built.optimizer.zero_grad(set_to_none=True)
         snapshot = tracker.get_tracker_snapshot("peak")
     at_peak: dict[str, int] = {}
     total = 0

@@ -25,20 +25,19 @@ def memory_bytes(device: torch.device) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def activation_stats(model) -> dict[str, list[float]]:
+def activation_stats(model, tp_mesh=None) -> dict[str, list[float]]:
     """Per-layer max |attention logit|, max |MLP output|, max |residual stream| of the last
     tracked forward, and per-layer gradient norms. Under tensor parallelism a block records
-    its rank's heads and sequence shard; the maxima are taken over its ``tp_mesh`` (which
-    apply_tensor_parallel sets), here rather than in the forward, which activation
-    checkpointing replays."""
+    its rank's heads and sequence shard; the maxima are taken over ``tp_mesh`` (the run's tp
+    axis; None without tp), here rather than in the forward, which activation checkpointing
+    replays."""
     readings: dict[str, list[float]] = {"max_attention_logit": [], "max_mlp_output": [],
                                         "max_residual": [], "grad_norm": []}
     for block in model.h.values():
         attention = block.self_attention
-        mesh = getattr(block, "tp_mesh", None)
-        readings["max_attention_logit"].append(_max_over(attention.max_logit, mesh))
-        readings["max_mlp_output"].append(_max_over(block.max_mlp_output, mesh))
-        readings["max_residual"].append(_max_over(block.max_residual, mesh))
+        readings["max_attention_logit"].append(_max_over(attention.max_logit, tp_mesh))
+        readings["max_mlp_output"].append(_max_over(block.max_mlp_output, tp_mesh))
+        readings["max_residual"].append(_max_over(block.max_residual, tp_mesh))
         squares = [p.grad.float().pow(2).sum() for p in block.parameters() if p.grad is not None]
         # sharded gradients (tp, FSDP2) give partial sums: full_tensor() reduces them
         squares = [s.full_tensor() if isinstance(s, DTensor) else s for s in squares]

@@ -13,14 +13,13 @@ of metrics.jsonl and logs parse, so they change only together with those readers
 
 from __future__ import annotations
 
-import copy
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from bloomline.common.config_loader import to_toml
+from bloomline.common.config_loader import thawed_copy, to_toml
 from bloomline.trainer.parallel.memory import memory_record
 from bloomline.trainer.reporting.clock import RunClock, format_hms, now
 from bloomline.trainer.reporting.metrics import MetricsWriter, memory_bytes
@@ -211,7 +210,7 @@ class RunMonitor:
         """RUN/config.toml (the resolved config, with the peak in use) and RUN/run_info.json."""
         if not self.is_main:
             return
-        resolved = copy.deepcopy(self.cfg)
+        resolved = thawed_copy(self.cfg)  # the run's spec is frozen; this file adds the peak
         resolved.monitor.peak_flops = self.peak.flops
         (self.run_dir / "config.toml").write_text(to_toml(resolved))
         info = {**self._run_info, **self.peak.record()}
@@ -251,12 +250,12 @@ class RunMonitor:
         interval = self.cfg.monitor.activation_stats_interval
         return bool(interval and step % interval == 0)
 
-    def log_step(self, result: dict, lr: float, size: int, length: int, state: dict,
+    def log_step(self, result: dict, lr: float, size: int, length: int, state,
                  total_steps: int, source_names: list[str] | None = None) -> None:
         """Write the train record of a log step, print its console line, restart the window."""
         record = self.train_record(result, lr, size, length, state)
         record["elapsed_s"] = self.clock.elapsed()
-        record["eta_s"] = self.clock.eta(total_steps - state["step"])
+        record["eta_s"] = self.clock.eta(total_steps - state.step)
         self._check_mfu(record)
         if "source_totals" in result:
             record.update(source_loss_record(result["source_totals"], source_names))
@@ -265,7 +264,7 @@ class RunMonitor:
         self.restart_window()
 
     def train_record(self, result: dict, lr: float, size: int, length: int,
-                     state: dict) -> dict:
+                     state) -> dict:
         """The train record of the step just taken (``state``: the trainer's counters after
         it), throughput over the current window (the steps since the last log step, not the
         process's first step unless it is the only one)."""
@@ -276,7 +275,7 @@ class RunMonitor:
         seconds = max(now() - window.start, 1e-9)
         tokens_per_s = window.tokens / seconds
         flops = self.cfg.model.flops_per_token(length) * tokens_per_s
-        return {"kind": "train", "step": state["step"], "loss": result["loss"], "lr": lr,
+        return {"kind": "train", "step": state.step, "loss": result["loss"], "lr": lr,
                 "grad_norm": result["grad_norm"], "tokens_per_s": tokens_per_s,
                 "samples_per_s": window.samples / seconds,
                 "step_time_s": seconds / max(window.steps, 1),
@@ -286,9 +285,9 @@ class RunMonitor:
                 "memory_gb": memory_bytes(self.device) / 1e9,
                 "loss_scale": self.precision.loss_scale, "seq_length": length,
                 "global_batch_size": size,
-                "consumed_samples": state["consumed_samples"],
-                "consumed_tokens": state["consumed_tokens"],
-                "skipped_steps": state["skipped_steps"],
+                "consumed_samples": state.consumed_samples,
+                "consumed_tokens": state.consumed_tokens,
+                "skipped_steps": state.skipped_steps,
                 # model states this rank holds (its local shards): parallel/memory.py
                 **memory_record(self.model, self.optimizer, self.device,
                                 self.cfg.parallel.offload)}
@@ -332,7 +331,7 @@ class RunMonitor:
             self._metrics.write(record)
 
     # -- the run's end ------------------------------------------------------------------------
-    def summarize(self, state: dict, total_steps: int, stop_reason: str,
+    def summarize(self, state, total_steps: int, stop_reason: str,
                   checkpoint: Path | None, has_valid: bool) -> dict | None:
         """Rank 0: print the end-of-run summary and write ``RUN/summary.json``
         (``summary.py``); returns the summary (None on other ranks)."""

@@ -16,6 +16,7 @@ from pathlib import Path
 from bloomline.common.atomic import atomic_write_bytes
 from bloomline.trainer.reporting.clock import format_hms
 from bloomline.trainer.reporting.records import latest_per_step, read_records
+from bloomline.trainer.train_state import TrainState
 
 __all__ = ["SUMMARY_FILE", "RunEnd", "next_commands", "run_summary", "summary_lines",
            "write_summary"]
@@ -30,7 +31,7 @@ class RunEnd:
 
     Args:
         run_dir: The run folder.
-        state: The trainer's counters (``step``, ``consumed_samples``, ``consumed_tokens``).
+        state: The trainer's counters (``train_state.TrainState``).
         total_steps: Steps of the whole run.
         stop_reason: Why it stopped before ``total_steps``; "" when it completed.
         elapsed_s: Wall time of this process's run, start-up included.
@@ -42,7 +43,7 @@ class RunEnd:
     """
 
     run_dir: Path
-    state: dict
+    state: TrainState
     total_steps: int
     stop_reason: str
     elapsed_s: float
@@ -85,9 +86,9 @@ def run_summary(end: RunEnd) -> dict:
         "status": "stopped" if end.stop_reason else "completed",
         "stop_reason": end.stop_reason or None,
         "wall_time_s": round(end.elapsed_s, 3),
-        "steps": state["step"], "total_steps": end.total_steps,
+        "steps": state.step, "total_steps": end.total_steps,
         "steps_this_session": end.steps_here,
-        "samples": state["consumed_samples"], "tokens": state["consumed_tokens"],
+        "samples": state.consumed_samples, "tokens": state.consumed_tokens,
         "final_train_loss": train_loss, "final_train_loss_step": train_step,
         "final_valid_loss": valid[-1]["valid_loss"] if valid else None,
         "final_valid_loss_step": valid[-1]["step"] if valid else None,

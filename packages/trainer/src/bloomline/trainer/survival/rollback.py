@@ -25,7 +25,7 @@ from bloomline.trainer.curriculum import global_batch_size
 from bloomline.trainer.survival.sample_skips import SkipRanges
 from bloomline.trainer.survival.spikes import SpikeFinding
 
-__all__ = ["ROLLBACKS_FILE", "append_rollback", "read_rollbacks", "roll_back", "skip_range",
+__all__ = ["ROLLBACKS_FILE", "Rollback", "append_rollback", "read_rollbacks", "skip_range",
            "skips_in_force"]
 
 ROLLBACKS_FILE = "rollbacks.json"
@@ -66,56 +66,61 @@ def append_rollback(run_dir: str | Path, event: dict, skips: SkipRanges) -> None
                        (json.dumps(record, indent=1) + "\n").encode())
 
 
-def skips_in_force(config_skips: list, state: dict, run_dir: str | Path) -> SkipRanges:
-    """The skips in force at a run's start: the config's, the checkpoint's (``state``), and
-    those of rollbacks after the checkpoint was written (``RUN/rollbacks.json``)."""
-    return SkipRanges([*config_skips, *state.get("skip_samples", []),
-                       *read_rollbacks(run_dir)["skip_samples"]])
+def skips_in_force(config_skips: list, saved_skips: list, run_dir: str | Path) -> SkipRanges:
+    """The skips in force at a run's start: the config's, the checkpoint's (``saved_skips``),
+    and those of rollbacks after the checkpoint was written (``RUN/rollbacks.json``)."""
+    return SkipRanges([*config_skips, *saved_skips, *read_rollbacks(run_dir)["skip_samples"]])
 
 
-def roll_back(trainer, finding: SpikeFinding, step: int, monitor) -> bool:
-    """Reload the newest good checkpoint before ``step`` and skip the batches around the
-    spike. False when there is none (or rollbacks are off): the caller goes on as
-    before rollbacks existed (a non-finite step is skipped, a finite spike kept).
+class Rollback:
+    """A run's rollbacks. ``checkpoints`` (the run's ``RunCheckpoints``) finds nothing itself:
+    this picks the checkpoint (``checkpoint.latest_checkpoint``) and has ``checkpoints``
+    load it; ``monitor`` gets the events (``monitor.write``); ``data_parallel`` sizes the
+    steps whose samples are skipped."""
 
-    ``trainer`` (a ``loop.Trainer``) provides the run: ``cfg``, ``run_dir``, ``layout``,
-    ``is_main``, ``log``, ``finish_saves()`` and ``load()``, which replaces its ``state`` and
-    ``skips``; this adds the new range to ``trainer.skips`` and counts the rollback in its
-    state. Events go to ``monitor.write`` and, on rank 0, to ``RUN/rollbacks.json``.
-    """
-    cfg = trainer.cfg
-    event = {"kind": "rollback", "step": step, "reason": finding.reason,
-             "loss": finding.value if finding.reason != "grad-norm spike" else None,
-             "value": finding.value, "baseline": finding.baseline,
-             "threshold": finding.threshold}
-    if not cfg.spike.enabled:
-        return False
-    trainer.finish_saves()
-    target = ckpt.latest_checkpoint(trainer.run_dir, before_step=step, log=trainer.log)
-    if target is None:
-        trainer.log(f"step {step}: {finding.describe()}; no checkpoint before it to roll "
-                    "back to")
-        monitor.write({**event, "kind": "spike", "action": "none (no checkpoint)"})
-        return False
-    rollbacks = trainer.state.get("rollbacks", 0) + 1
-    if rollbacks > cfg.spike.max_rollbacks:
-        raise UserError(f"stopping at step {step}: {finding.describe()}, and the run "
-                        f"has rolled back spike.max_rollbacks = {cfg.spike.max_rollbacks}"
-                        f" times already; see {trainer.run_dir / ROLLBACKS_FILE}, lower "
-                        "optimizer.lr or skip more data (train.skip_samples)")
-    trainer.load(target, verified=True)
-    state, skips = trainer.state, trainer.skips
-    start, end = skip_range(cfg, state["step"], state["consumed_samples"], step, skips,
-                            trainer.layout.dp)
-    skips.add(start, end)
-    state["skip_samples"] = skips.to_list()
-    state["rollbacks"] = rollbacks
-    event.update(checkpoint=str(target), checkpoint_step=state["step"],
-                 skip=[start, end], rollbacks=rollbacks)
-    if trainer.is_main:
-        append_rollback(trainer.run_dir, event, skips)
-    monitor.write(event)
-    trainer.log(f"step {step}: {finding.describe()}; rolled back to {target.name} (step "
-                f"{state['step']}) and skipping train samples [{start}, {end}) "
-                f"(rollback {rollbacks} of at most {cfg.spike.max_rollbacks})")
-    return True
+    def __init__(self, cfg, run_dir: Path, checkpoints, monitor, data_parallel: int,
+                 is_main: bool, log) -> None:
+        self.cfg, self.run_dir, self.checkpoints, self.monitor = cfg, run_dir, checkpoints, monitor
+        self.data_parallel, self.is_main, self.log = data_parallel, is_main, log
+
+    def __call__(self, finding: SpikeFinding, step: int, state, skips: SkipRanges):
+        """Reload the newest good checkpoint before ``step`` and skip the batches around the
+        spike: the ``Loaded`` state and skips to go on with (the new range added, the
+        rollback counted). None when there is none (or rollbacks are off): the caller goes
+        on as before rollbacks existed (a non-finite step is skipped, a finite spike kept).
+        ``state``: the run's ``TrainState`` before the rollback (its rollback count)."""
+        cfg, log = self.cfg, self.log
+        event = {"kind": "rollback", "step": step, "reason": finding.reason,
+                 "loss": finding.value if finding.reason != "grad-norm spike" else None,
+                 "value": finding.value, "baseline": finding.baseline,
+                 "threshold": finding.threshold}
+        if not cfg.spike.enabled:
+            return None
+        self.checkpoints.finish()
+        target = ckpt.latest_checkpoint(self.run_dir, before_step=step, log=log)
+        if target is None:
+            log(f"step {step}: {finding.describe()}; no checkpoint before it to roll back to")
+            self.monitor.write({**event, "kind": "spike", "action": "none (no checkpoint)"})
+            return None
+        rollbacks = state.rollbacks + 1
+        if rollbacks > cfg.spike.max_rollbacks:
+            raise UserError(f"stopping at step {step}: {finding.describe()}, and the run "
+                            f"has rolled back spike.max_rollbacks = {cfg.spike.max_rollbacks}"
+                            f" times already; see {self.run_dir / ROLLBACKS_FILE}, lower "
+                            "optimizer.lr or skip more data (train.skip_samples)")
+        loaded = self.checkpoints.load(target, skips, verified=True)
+        state, skips = loaded.state, loaded.skips
+        start, end = skip_range(cfg, state.step, state.consumed_samples, step, skips,
+                                self.data_parallel)
+        skips.add(start, end)
+        state.skip_samples = skips.to_list()
+        state.rollbacks = rollbacks
+        event.update(checkpoint=str(target), checkpoint_step=state.step,
+                     skip=[start, end], rollbacks=rollbacks)
+        if self.is_main:
+            append_rollback(self.run_dir, event, skips)
+        self.monitor.write(event)
+        log(f"step {step}: {finding.describe()}; rolled back to {target.name} (step "
+            f"{state.step}) and skipping train samples [{start}, {end}) "
+            f"(rollback {rollbacks} of at most {cfg.spike.max_rollbacks})")
+        return loaded

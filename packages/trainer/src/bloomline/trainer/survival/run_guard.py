@@ -77,25 +77,25 @@ class RunGuard:
             self.detector.record(result["loss"], result["grad_norm"])
         return Verdict(finding, reason)
 
-    def count_bad(self, state: dict, result: dict, step: int, loss_scaled: bool, log) -> None:
-        """Count a skipped step in ``state`` (``skipped_steps``, ``bad_in_row``); a good step
-        ends a streak. An fp16 overflow (``loss_scaled`` and a finite loss) is expected, the
-        scaler backs off: it counts as skipped, not as bad.
+    def count_bad(self, state, result: dict, step: int, loss_scaled: bool, log) -> None:
+        """Count a skipped step in ``state`` (a ``TrainState``); a good step ends a streak.
+        An fp16 overflow (``loss_scaled`` and a finite loss) is expected, the scaler backs
+        off: it counts as skipped, not as bad.
 
         Raises:
             UserError: more than ``train.max_bad_steps`` bad steps in a row.
         """
         if not result["skipped"]:
-            state["bad_in_row"] = 0
+            state.count_good()
             return
-        state["skipped_steps"] += 1
-        if loss_scaled and math.isfinite(result["loss"]):
+        bad = not (loss_scaled and math.isfinite(result["loss"]))
+        streak = state.count_skipped(bad)
+        if not bad:
             return
-        state["bad_in_row"] += 1
         log(f"step {step}: non-finite loss {result['loss']} or gradient norm "
-            f"{result['grad_norm']}; step skipped ({state['bad_in_row']} in a row)")
-        if state["bad_in_row"] > self.max_bad_steps:
-            raise UserError(f"stopping: {state['bad_in_row']} consecutive steps with a "
+            f"{result['grad_norm']}; step skipped ({streak} in a row)")
+        if streak > self.max_bad_steps:
+            raise UserError(f"stopping: {streak} consecutive steps with a "
                             f"non-finite loss or gradient (train.max_bad_steps = "
                             f"{self.max_bad_steps}); lower optimizer.lr or resume "
                             "from an earlier checkpoint")

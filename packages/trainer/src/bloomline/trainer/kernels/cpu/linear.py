@@ -28,11 +28,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["CPU_FP32_MATMUL_CHOICES", "Linear", "configure_cpu_fp32_matmul", "cpu_vendor",
+from bloomline.trainer.kernels.cpu import CPU_FP32_MATMUL_CHOICES
+
+__all__ = ["Linear", "configure_cpu_fp32_matmul", "cpu_vendor",
            "linear", "linear_weight_grad", "matmul_2d", "onednn_available",
            "onednn_linear_enabled", "onednn_matmul", "set_onednn_linear"]
-
-CPU_FP32_MATMUL_CHOICES = ("auto", "aten", "onednn")
 
 
 def onednn_available() -> bool:

@@ -1,10 +1,9 @@
 """The parts of one optimizer step that every layout shares: the data-parallel reductions of
-the step's numbers and the step's tail (finite check, result, optimizer step).
+the step's numbers, clipping, and the step's tail (finite check, result, optimizer step).
 
-``Trainer.train_step`` (loop.py) and ``Pipeline.train_step`` (parallel/pipeline.py) differ in
-how they run forward/backward and clip (one model, or stages under a schedule); from the
-clipped gradient norm on they call ``finish_step``, so both take the same skip decision,
-return the same result keys and step the optimizer the same way.
+``StepRunner.train_step`` (runner.py) calls them in one sequence for the plain and the
+pipelined runner, so both take the same skip decision, return the same result keys and step
+the optimizer the same way.
 
 Invariant: every rank of the run calls these with the same arguments' shapes, in the same
 order (``dp_sum`` is a collective over the data-parallel group).

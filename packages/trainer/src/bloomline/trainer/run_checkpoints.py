@@ -1,10 +1,13 @@
 """A run's checkpoints as the trainer sees them: which one to resume, what a load re-applies,
 and saves (synchronous or through the run's one ``AsyncCheckpointer``) under the watchdog.
 
-The Trainer holds one ``RunCheckpoints`` and keeps the trainer state and the skips in force
-itself: ``load`` returns them, ``save`` takes the state. Why a class of its own: the loop then
-only says when to save or load, and the rules of what a checkpoint carries besides the
-weights (loss scale, spike history, skip ranges) and which settings win live in one place.
+The Trainer holds one ``RunCheckpoints`` and keeps the ``TrainState`` and the skips in force
+itself: ``load`` returns them, ``save`` takes the state. Why outside ``checkpoint/``: this is
+the run's glue between the checkpoint format (``checkpoint/``) and what survives a run
+(``survival/``'s skips and spike history); ``checkpoint/`` stays a format that knows no run.
+Why a class of its own: the loop then only says when to save or load, and the rules of what
+a checkpoint carries besides the weights (loss scale, spike history, skip ranges) and which
+settings win live in one place.
 
 Invariants: every rank calls ``load``, ``save`` and ``finish`` at the same points (DCP is
 collective); a loaded optimizer keeps this run's hyper-parameters (the config's, not the
@@ -19,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bloomline.common.errors import UserError
-from bloomline.trainer.checkpoint.async_save import AsyncCheckpointer
-from bloomline.trainer.checkpoint.save import (
+from bloomline.trainer.checkpoint import (
+    AsyncCheckpointer,
     changed_settings,
     check_compatible,
     latest_checkpoint,
@@ -29,6 +32,7 @@ from bloomline.trainer.checkpoint.save import (
     save_checkpoint,
 )
 from bloomline.trainer.survival.sample_skips import SkipRanges
+from bloomline.trainer.train_state import TrainState
 
 __all__ = ["Loaded", "RunCheckpoints"]
 
@@ -41,7 +45,7 @@ class Loaded:
 
     path: Path
     config: object
-    state: dict
+    state: TrainState
     skips: SkipRanges
 
 
@@ -91,38 +95,40 @@ class RunCheckpoints:
         it a second time. ``skips``: the ranges in force before the load."""
         saved = load_config_of(path, type(self.cfg))
         check_compatible(saved, self.cfg, path)
-        state = load_checkpoint(path, self.model, self.optimizer, verified=verified)
+        state = TrainState()
+        state.load_state_dict(load_checkpoint(path, self.model, self.optimizer,
+                                              verified=verified))
         for group, settings in zip(self.optimizer.param_groups, self._hyperparameters,
                                    strict=True):
             group.update(settings)
-        self.precision.load_state_dict(state.get("loss_scale", {}))
-        self.guard.detector.load_state_dict(state.get("spike_history", {}))
+        self.precision.load_state_dict(state.loss_scale)
+        self.guard.detector.load_state_dict(state.spike_history)
         # the skips in force and the checkpoint's (at a rollback the former hold the latter).
         # RUN/rollbacks.json is not read here but once in Trainer.run, after a resume: at a
         # rollback rank 0 may have written this rollback's range into it already, and a rank
         # that read it would compute the range against other skips than the others (a hang)
-        skips = SkipRanges([*skips.to_list(), *state.get("skip_samples", [])])
-        state["skip_samples"] = skips.to_list()
+        skips = SkipRanges([*skips.to_list(), *state.skip_samples])
+        state.skip_samples = skips.to_list()
         return Loaded(path, saved, state, skips)
 
     # -- saving -------------------------------------------------------------------------------
-    def save(self, state: dict) -> Path:
-        """A checkpoint of ``state["step"]`` (in the background with ``checkpoint.async``);
+    def save(self, state: TrainState) -> Path:
+        """A checkpoint of ``state.step`` (in the background with ``checkpoint.async``);
         records the loss scale and spike history into ``state`` first."""
-        cfg = self.cfg
-        state["loss_scale"] = self.precision.state_dict()
-        state["spike_history"] = self.guard.detector.state_dict()
+        cfg, step = self.cfg, state.step
+        state.loss_scale = self.precision.state_dict()
+        state.spike_history = self.guard.detector.state_dict()
+        saved = state.state_dict()
         started = time.perf_counter()
-        self.guard.watchdog.arm(f"checkpoint of step {state['step']}",
-                                cfg.watchdog.startup_seconds)
+        self.guard.watchdog.arm(f"checkpoint of step {step}", cfg.watchdog.startup_seconds)
         if cfg.checkpoint.async_:
             if self._async_saver is None:
                 self._async_saver = AsyncCheckpointer(self.run_dir, cfg.checkpoint.keep_last,
                                                       is_writer=self.is_main)
-            path = self._async_saver.save(state["step"], self.model, self.optimizer, state, cfg)
+            path = self._async_saver.save(step, self.model, self.optimizer, saved, cfg)
         else:
-            path = save_checkpoint(self.run_dir, state["step"], self.model, self.optimizer,
-                                   state, cfg, cfg.checkpoint.keep_last, is_writer=self.is_main)
+            path = save_checkpoint(self.run_dir, step, self.model, self.optimizer, saved, cfg,
+                                   cfg.checkpoint.keep_last, is_writer=self.is_main)
         self.guard.watchdog.disarm()
         self.guard.last_save_seconds = time.perf_counter() - started
         return path
