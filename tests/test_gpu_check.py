@@ -86,7 +86,7 @@ def test_checks_b_and_c_start_each_recipe_at_a_world_it_states(monkeypatch):
     parallel.world_size without overriding it (b: 350m, a layout for 8 GPUs, on one; c:
     tiny-cpu, a layout for 1 process, under --nproc 2), which pretrain refuses: the check would
     fail on every GPU machine. Each start is held to the trainer's own rule
-    (``config.parallel_sizes``) for the processes it starts; the runs themselves are stubs."""
+    (``config_rules.parallel_sizes``) for the processes it starts; the runs themselves are stubs."""
     from types import SimpleNamespace
 
     from benchmarks.gpu_checks import equivalence_check, step_check

@@ -1,5 +1,5 @@
 """The seams the training loop is built from, checked without a run: the step's shared tail
-(``step.py``), the console line (``reporting/monitor.py``), the batches with the spike fault
+(``step/tail.py``), the console line (``reporting/monitor.py``), the batches with the spike fault
 behind them (``data.StepBatches``) and the bad-step count (``survival/run_guard.py``)."""
 
 from __future__ import annotations

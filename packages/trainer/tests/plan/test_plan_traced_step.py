@@ -3,10 +3,10 @@ training step (the allocator's running total, as torch's profiler records it), t
 on fake tensors (``traced_step``) and, for one process, the formulas' (``memory_formulas``)
 agree within 10% for the tiny recipe.
 
-The real step is the trainer's: the rank built as ``Trainer.__init__`` builds it (mesh,
-``build_pipeline`` or ``parallelize``, ``build_optimizer``, ZeRO-1's
-``shard_optimizer_state``), then ``ForwardBackward`` over the step's micro-batches or, under
-pipelining, ``Pipeline.train_step`` (torch's 1F1B schedule over gloo), and the optimizer.
+The real step is the trainer's: the rank built as ``Trainer.__init__`` builds it
+(``build.build_run``), then its step runner's ``forward_backward`` over the step's
+micro-batches and the optimizer or, under pipelining, the runner's ``train_step`` (torch's 1F1B
+schedule over gloo).
 One warm-up step first (the optimizer state exists in every later step). fp32, as on a CPU
 without a fast bf16 path, so that the test means the same on every machine.
 """
