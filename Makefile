@@ -1,6 +1,8 @@
-# The two front doors. Each creates (or reuses) .venv and installs what it needs.
-#   make demo   build a small corpus offline and run the pipeline end to end on it
-#   make test   run the whole test suite
+# The front doors. Each creates (or reuses) .venv and installs what it needs.
+#   make demo        build a small corpus offline and run the pipeline end to end on it
+#   make test        run the whole test suite (what CI runs: .ci/run)
+#   make test-fast   the edit loop: the suite without the tests marked slow (those that start
+#                    processes or take more than ~2 s)
 
 PYTHON ?= python3
 VENV   := .venv
@@ -10,7 +12,7 @@ DEMO   := build/demo
 STAMP     := $(VENV)/.installed-dev
 STAMP_CMP := $(VENV)/.installed-compat
 
-.PHONY: demo test wheelhouse lint bench-tokenize bench-tokenize-cluster bench-readers bench-build-index bench-inspect bench-train bench-step-parts bench-parallel bench-checkpoint gpu-check clean
+.PHONY: demo test test-fast wheelhouse lint bench-tokenize bench-tokenize-cluster bench-readers bench-build-index bench-inspect bench-train bench-step-parts bench-parallel bench-checkpoint gpu-check clean
 
 # bloomline needs Python 3.11+ (tomllib, and the pinned numpy, typer, matplotlib and the newest
 # torch have left 3.10): an older one is refused here in one line rather than deep in pip
@@ -35,6 +37,12 @@ $(STAMP_CMP): requirements-compat.txt | $(STAMP)
 
 test: $(STAMP) $(STAMP_CMP)
 	$(BIN)/python -m pytest -q
+
+# the edit loop: every test but the `slow` ones (pyproject.toml: they start processes, the
+# multi-process gloo runs, the CLI in a subprocess, the README blocks, the GPU check's dry
+# runs, or take more than ~2 s); make test runs them all
+test-fast: $(STAMP) $(STAMP_CMP)
+	$(BIN)/python -m pytest -q -m "not slow"
 
 # make test-compat TORCH=2.11.0: the smoke subset (pytest -m compat) under another torch, in a
 # venv of its own (build/venv-torch-TORCH, reused) holding requirements-dev.txt with only its

@@ -111,6 +111,7 @@ def test_inspect_data_decodes_the_added_ids(corpus, gapped_tokenizer, capsys):
     assert "⟦<|im_" in sample
 
 
+@pytest.mark.slow
 def test_pretrain_export_and_transformers_keep_the_added_ids(corpus, gapped_tokenizer,
                                                              tmp_path):
     """Bug: model.vocab_size = 0 sized from the entry count (302 -> 384 rows) so that id 611

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from bloomline.dataprep import IndexedDataset, load_tokenizer
+
+pytestmark = pytest.mark.slow
 
 
 def test_demo_corpus_to_token_files_and_merge(tmp_path, cli):

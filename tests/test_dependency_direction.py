@@ -42,6 +42,7 @@ def test_no_import_against_the_direction(package):
                     f"{path.relative_to(ROOT)} imports {name}")
 
 
+@pytest.mark.slow
 def test_importing_every_dataprep_module_loads_no_torch():
     """Catches: torch pulled in transitively (e.g. by a third-party import at module level)."""
     code = (

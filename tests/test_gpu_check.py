@@ -28,6 +28,7 @@ from bloomline.trainer.plan.devices import DEVICES
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_without_a_gpu_it_exits_2_with_one_line_and_runs_nothing():
     """Catches: a machine without CUDA getting a traceback, a table of failures or a silent
     exit 0 (a CI job would read "all passed"), or more than the one line that says why."""
@@ -41,6 +42,7 @@ def test_without_a_gpu_it_exits_2_with_one_line_and_runs_nothing():
     assert lines[0].startswith("gpu_check: no usable CUDA GPU: torch ")
 
 
+@pytest.mark.slow
 def test_a_usage_error_is_not_mistaken_for_no_gpu():
     """Catches: argparse's own exit status 2 for a bad option, which a caller would read as
     "no GPU here"."""
@@ -224,6 +226,7 @@ def _script_summary() -> str:
     return text.split("<<'EOF'\n", 1)[1].split("\nEOF\n", 1)[0]
 
 
+@pytest.mark.slow
 def test_throughput_result_line_and_the_plan_beside_it(tmp_path, monkeypatch):
     """Catches: gpu_throughput.sh's JSON line missing or renamed fields that check d reads,
     or check d asking ``trainer plan`` for another world size, batch or length than the run's
@@ -346,6 +349,7 @@ def test_check_a_skips_what_its_budget_leaves_no_time_for():
     assert "budget" in rows[1].detail
 
 
+@pytest.mark.slow
 def test_a_budget_ends_a_run_whose_helpers_hold_its_output():
     """Catches: a check's budget that cannot end a run. Killing the trainer alone leaves its
     multiprocessing helpers (resource tracker, loader workers) holding the captured output

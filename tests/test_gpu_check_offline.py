@@ -23,6 +23,8 @@ import pytest
 
 from benchmarks.gpu_checks.wheelhouse import DISTRIBUTIONS, SOURCE_FILE
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[1]
 OFFLINE = {"PIP_NO_INDEX": "1", "PIP_CONFIG_FILE": os.devnull, "PIP_FIND_LINKS": "",
            "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PYTHONPATH": ""}

@@ -21,6 +21,7 @@ torch = pytest.importorskip("torch")
 DOCS = [[5, 6, 7], [], [8], [9, 10, 11, 12], [], []]
 
 
+@pytest.mark.slow
 def test_megatron_reads_our_tokenized_files(tmp_path, tiny_tokenizer):
     """Catches: any header, array-order or empty-document difference that makes Megatron
     read other tokens than we wrote."""

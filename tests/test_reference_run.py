@@ -27,6 +27,8 @@ import torch
 
 from bloomline.dataprep import IndexedDatasetWriter
 
+pytestmark = pytest.mark.slow
+
 BIN = Path(sys.executable).parent
 STEPS = 40
 MICRO, GLOBAL, SEQ = 4, 8, 32

@@ -25,6 +25,8 @@ import pytest
 
 from conftest import run_cli
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "configs" / "slurm" / "tokenize.sbatch"
 

@@ -15,6 +15,8 @@ from bloomline.common import UserError
 from bloomline.dataprep import IndexedDataset, IndexedDatasetWriter
 from bloomline.dataprep.tokenize_corpus import tokenize_corpus
 
+pytestmark = pytest.mark.slow
+
 
 def _assert_clean_failure(result, message, out_dir):
     assert result.returncode == 1, result.stderr

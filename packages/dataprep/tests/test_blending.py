@@ -175,6 +175,7 @@ def test_many_datasets_equal_the_sequential_rule(k):
         np.testing.assert_array_equal(got[1], expected[1], err_msg=kind)
 
 
+@pytest.mark.slow
 def test_numba_is_imported_by_the_first_blend_only():
     """Catches: numba (~0.5 s to import) loaded by `import bloomline.dataprep`, i.e. by
     every `dataprep` command, instead of by the first blend build."""
@@ -232,7 +233,7 @@ def test_identical_to_megatron_helpers():
         np.testing.assert_array_equal(got[1], sample)
 
 
-@pytest.mark.parametrize("k", [49, 100, 500])
+@pytest.mark.parametrize("k", [49, 100, pytest.param(500, marks=pytest.mark.slow)])
 def test_many_datasets_identical_to_megatron_helpers(k):
     """Catches: any difference from megatron-core's compiled helpers with many datasets,
     over hundreds of thousands of steps, in both kernels whatever the choice: the wake

@@ -224,6 +224,7 @@ def _blocked_flock_waiters(lock: Path) -> int:
         return sum(1 for line in fh if "->" in line and f":{inode} " in line)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists("/proc/locks"), reason="needs Linux /proc/locks")
 def test_two_processes_build_one_cache(tmp_path):
     """Catches: two ranks building the same index at once and clobbering each other, or a
@@ -276,6 +277,7 @@ def _error_line(result) -> str:
     return lines[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("extra", "expected"), [
     (["--weight", "zzz=1"], "--weight zzz=...: no dataset 'zzz'"),
     (["--weight", "a=0", "--weight", "b=1"], "--weight 'a=0': the weight must be a positive"),
@@ -312,6 +314,7 @@ def test_bad_input_is_one_line_naming_the_field(tmp_path, cli, extra, expected):
     assert not (corpus / ".index").exists()
 
 
+@pytest.mark.slow
 def test_different_token_dtypes_are_refused(tmp_path, cli):
     """Catches: a blend of files from two tokenizers (uint16 and int32 tokens)."""
     corpus = tmp_path / "corpus"
@@ -322,6 +325,7 @@ def test_different_token_dtypes_are_refused(tmp_path, cli):
     assert "b.idx: tokens are int32, but" in line and "a.idx holds uint16" in line
 
 
+@pytest.mark.slow
 def test_blend_past_a_datasets_end_names_it_and_the_fix(tmp_path, cli):
     """Catches: a blend that silently reads past a dataset's samples. With --surplus 0 and
     these weights, one sample of four gives each dataset a target of one, but the rule
@@ -340,6 +344,7 @@ def test_blend_past_a_datasets_end_names_it_and_the_fix(tmp_path, cli):
     assert ok.returncode == 0, ok.stderr
 
 
+@pytest.mark.slow
 def test_cli_reports_what_was_built(tmp_path, cli):
     """Catches: a report that omits the per-dataset figures or the cache location."""
     corpus = _corpus(tmp_path)

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("ray")
 
 HEAD, WORKER = "127.0.0.2", "127.0.0.3"

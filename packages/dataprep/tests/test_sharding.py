@@ -159,6 +159,7 @@ def test_parts_merged_in_order_are_the_single_run_bytes(mixed, tiny_tokenizer, t
     assert f"{count} parts on 1 host(s): 1,803 documents" in out
 
 
+@pytest.mark.slow
 def test_parts_with_other_chunks_match_a_run_with_two_workers(mixed, tiny_tokenizer,
                                                                tmp_path, dataprep):
     """Bug: a part's output that depends on its chunk size, or a plan that differs from the

@@ -43,6 +43,7 @@ def _jsonl_bytes(texts, key="text"):
     return "".join(json.dumps({"id": i, key: t}) + "\n" for i, t in enumerate(texts)).encode()
 
 
+@pytest.mark.slow
 def test_jsonl_matches_direct_encoding_and_workers_give_identical_bytes(tmp_path,
                                                                         tiny_tokenizer):
     """Catches: reordered chunks, lost or duplicated documents at chunk edges, and output
@@ -95,6 +96,7 @@ def _write_formats(folder, texts):
     return paths
 
 
+@pytest.mark.slow
 def test_every_input_format_gives_the_same_documents(tmp_path, tiny_tokenizer):
     """Catches: a reader that drops, reorders or alters documents in one of the formats."""
     texts = [t for t in TEXTS if t]
@@ -118,6 +120,7 @@ def test_txt_per_line_and_globs_keep_argument_then_sorted_order(tmp_path, tiny_t
         tiny_tokenizer, ["zulu", "alpha", "beta one", "beta two"])
 
 
+@pytest.mark.slow
 def test_several_json_keys_give_one_complete_pair_each(tmp_path, tiny_tokenizer):
     """Catches: Megatron's bug where only the last key gets its .idx, or keys misaligned."""
     src = tmp_path / "in.jsonl"
@@ -163,7 +166,7 @@ def test_large_vocab_uses_int32(tmp_path, tiny_tokenizer, monkeypatch):
     assert IndexedDataset(tmp_path / "o").dtype == np.int32
 
 
-@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("workers", [1, pytest.param(2, marks=pytest.mark.slow)])  # 2: processes
 def test_skip_bad_lines_counts_and_keeps_the_rest(tmp_path, tiny_tokenizer, workers):
     """Catches: bad lines silently dropped without being counted, or good lines lost."""
     src = tmp_path / "in.jsonl"

@@ -89,8 +89,9 @@ def _error_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line and not line.startswith("fault: ")]
 
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
-                                reason="reads /proc; the kernel's parent-death signal")
+pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"),
+                                 reason="reads /proc; the kernel's parent-death signal"),
+              pytest.mark.slow]
 
 
 @pytest.mark.parametrize(("signum", "code", "message"), [

@@ -42,6 +42,7 @@ def test_train_refuses_impossible_vocab_with_one_line(tmp_path):
     assert not list(tmp_path.glob("t.*")) and not list(tmp_path.glob(".t.*"))
 
 
+@pytest.mark.slow
 def test_byte_bpe_refuses_a_vocabulary_the_text_cannot_fill(tmp_path, cli):
     """Catches: ``--kind byte-bpe`` writing a tokenizer.json with fewer entries than
     --vocab-size (the trainer runs out of pairs to merge) and exiting 0 without a word, while

@@ -56,6 +56,7 @@ def test_tokenizer_json_ids_are_the_librarys_own_encode(fixture, request):
     assert tok.special_ids == {"unk": 0, "bos": 1, "eod": 2, "pad": 3}
 
 
+@pytest.mark.slow
 def test_bloom_like_corpus_is_int32_megatron_readable_and_identical_over_workers(
         tmp_path, bloom_like_tokenizer):
     """Catches: ids above 65,535 written as uint16 (BLOOM's vocabulary wraps), per-worker
@@ -134,6 +135,7 @@ def _run_dataprep(args, env):
                           capture_output=True, text=True, env=env, timeout=120)
 
 
+@pytest.mark.slow
 def test_tiktoken_name_loads_from_the_cache_and_never_downloads(tmp_path, tiny_tiktoken):
     """Catches: a tiktoken name that goes to the network (hangs or fails on offline nodes)
     instead of tiktoken's cache, and a missing cache entry failing with a traceback."""
@@ -213,6 +215,7 @@ def _tokenizer_without_end_of_text(path):
     return path
 
 
+@pytest.mark.slow
 def test_tokenizer_json_without_end_of_text_needs_eod_token(tmp_path, cli):
     """Catches: documents silently written without an EOD (or with id 0) when the tokenizer
     has no end-of-text token, and --eod-token not taken."""

@@ -305,6 +305,7 @@ def test_diff_finds_the_first_difference(tmp_path, corpus, inspect, monkeypatch)
     assert code == 0 and "(int32)" in out
 
 
+@pytest.mark.slow
 def test_console_script_is_installed(corpus):
     """Catches: the `inspect-data` entry point missing from the tools distribution, or a
     user error that escapes as a traceback when run as a real process."""

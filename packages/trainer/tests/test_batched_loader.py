@@ -60,6 +60,7 @@ def test_loader_reads_one_batch_per_micro_batch_equal_to_stacked_samples(tmp_pat
         assert torch.equal(batch, torch.stack([train[i] for i in ids]))
 
 
+@pytest.mark.slow
 def test_loader_workers_hand_over_the_same_batches(tmp_path):
     """Bug: a batch built in a worker's shared memory that is corrupted, reordered or
     truncated on its way to the trainer."""

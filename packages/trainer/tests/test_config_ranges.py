@@ -341,6 +341,7 @@ def _assert_one_error_line(runs: _Runs, name: str) -> str:
     return stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["log_interval", "lr_nan", "train_samples"])
 def test_cli_refuses_a_bad_setting_in_one_line(name, cli_runs):
     """Bug: ``trainer pretrain`` with a bad setting printing a traceback (ZeroDivisionError
@@ -348,6 +349,7 @@ def test_cli_refuses_a_bad_setting_in_one_line(name, cli_runs):
     _assert_one_error_line(cli_runs, name)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["nproc_watchdog", "nproc_layout"])
 def test_launcher_refuses_before_starting_the_processes(name, cli_runs):
     """Bug: ``--nproc 2`` starting the workers on a config that cannot run (each of them then
@@ -357,6 +359,7 @@ def test_launcher_refuses_before_starting_the_processes(name, cli_runs):
     assert "rank" not in stderr, stderr  # no worker ran: the launcher refused
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["nproc_world", "one_process_world"])
 def test_pretrain_refuses_a_world_the_layout_is_not_for(name, cli_runs):
     """Bug (issue 36): ``trainer pretrain`` running a recipe's layout on another number of

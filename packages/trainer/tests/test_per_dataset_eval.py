@@ -181,6 +181,7 @@ def test_reference_run_logs_per_dataset_losses(reference, blend_corpus):
     _assert_weighted_mean_is_the_loss(reference["train"], blend_corpus)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("parallel", [{"data_parallel": 2}, {"tensor_parallel": 2},
                                       {"pipeline_parallel": 2}], ids=["dp2", "tp2", "pp2"])
 def test_layouts_log_the_single_process_per_dataset_losses(reference, blend_corpus, tmp_path,
@@ -224,6 +225,7 @@ def _cli(*args, ok: bool = True) -> subprocess.CompletedProcess:
     return done
 
 
+@pytest.mark.slow
 def test_cli_evaluate_json_matches_the_runs_last_evaluation(reference):
     """Bug: ``trainer evaluate`` evaluates other samples, another precision or other weights
     than the run's own evaluation of the same checkpoint, or its JSON misses a dataset."""
@@ -238,6 +240,7 @@ def test_cli_evaluate_json_matches_the_runs_last_evaluation(reference):
                                                                rel=1e-5)
 
 
+@pytest.mark.slow
 def test_cli_evaluate_table_on_the_test_split(reference):
     """Bug: ``--split test`` still reads the valid split, ``--samples`` is ignored, or the
     table lacks a dataset or the blend row."""
@@ -252,6 +255,7 @@ def test_cli_evaluate_table_on_the_test_split(reference):
     assert float(rows["blend"][1]) != pytest.approx(valid["valid_loss"], abs=1e-4)
 
 
+@pytest.mark.slow
 def test_cli_evaluate_refuses_a_split_the_index_lacks(reference, tmp_path):
     """Bug: ``--split test`` on a run whose data.split gives test no share ends in a
     traceback (KeyError) instead of one line naming the split and data.split."""

@@ -23,6 +23,7 @@ def _run(cfg):
     return Trainer(cfg, log=lambda line: None).run()
 
 
+@pytest.mark.slow
 @pytest.mark.compat
 @pytest.mark.parametrize("matmul", ["aten", "onednn"])
 def test_resume_is_bitwise_identical_to_an_uninterrupted_run(corpus, tmp_path, make_config,
@@ -55,6 +56,7 @@ def _straight_and_resumed(corpus, tmp_path, make_config, matmul: str) -> None:
     assert len(losses_a) == 20 and losses_b == losses_a
 
 
+@pytest.mark.slow
 def test_bf16_run_learns_and_writes_every_metric(corpus, tmp_path, make_config):
     """Catches: a bf16 policy that does not train (loss flat), or a log record missing a
     metric the monitoring promises (MFU, memory, loss scale, activation stats)."""
@@ -90,6 +92,7 @@ def test_non_finite_steps_are_skipped_then_the_run_stops(corpus, tmp_path, make_
     assert torch.equal(trainer.model.h["0"].mlp.dense_h_to_4h.weight, before)
 
 
+@pytest.mark.slow
 def test_curriculum_shortens_early_samples_and_ramps_the_batch(corpus, tmp_path, make_config):
     """Catches: curriculum settings that do not reach the batches actually trained (the
     logged sequence length and batch size are what the step ran)."""
@@ -142,6 +145,7 @@ def test_missing_corpus_and_incompatible_checkpoint_name_the_field(corpus, tmp_p
         _run(cfg)
 
 
+@pytest.mark.slow
 def test_checkpoints_are_pruned_to_keep_last(corpus, tmp_path, make_config):
     """Catches: checkpoints piling up until the disk is full, or a partial folder left."""
     cfg = make_config(corpus, tmp_path / "run", checkpoint={"interval": 4, "keep_last": 2})

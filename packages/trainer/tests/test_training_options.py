@@ -33,6 +33,7 @@ def test_lamb_step_is_adam_scaled_by_the_trust_ratio():
     assert torch.allclose(w.detach(), expected, rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_fp16_overflow_backs_the_loss_scale_off_without_stopping(corpus, tmp_path,
                                                                  make_config):
     """Bug: fp16 overflow steps counted as bad steps (the run would stop at max_bad_steps),
@@ -95,6 +96,7 @@ def test_cpu_fp32_matmul_reaches_the_linear_layers(corpus, tmp_path, make_config
         linear.set_onednn_linear(before)
 
 
+@pytest.mark.slow
 def test_profile_steps_write_a_chrome_trace(corpus, tmp_path, make_config):
     """Bug: --profile-steps accepted but no trace written, or one covering no work."""
     cfg = make_config(corpus, tmp_path / "run", train={"profile_steps": "2:4",
@@ -109,6 +111,7 @@ def test_profile_steps_write_a_chrome_trace(corpus, tmp_path, make_config):
     assert "aten::bmm" in names
 
 
+@pytest.mark.slow
 def test_loader_workers_feed_the_same_batches_as_the_main_process(corpus, tmp_path,
                                                                   make_config):
     """Bug: worker processes that reorder, duplicate or drop samples (fp32 losses would

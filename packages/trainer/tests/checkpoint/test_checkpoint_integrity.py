@@ -98,6 +98,7 @@ DAMAGES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", DAMAGES)
 def test_damaged_checkpoint_is_refused_and_the_previous_one_is_used(reference, tmp_path,
                                                                     damage):
@@ -126,6 +127,7 @@ def test_damaged_checkpoint_is_refused_and_the_previous_one_is_used(reference, t
         ckpt.load_checkpoint(newest, torch.nn.Linear(2, 2))  # refused before DCP reads it
 
 
+@pytest.mark.slow
 def test_resume_falls_back_past_a_damaged_checkpoint_and_continues_exactly(reference,
                                                                            tmp_path):
     """Bug: resume=auto loads the newest checkpoint although a shard of it is damaged, falls
@@ -154,6 +156,7 @@ def _trainer_cli(*args: str, env: dict | None = None, timeout: float = 300):
                           capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.slow
 def test_verify_checkpoint_command(reference, tmp_path):
     """Bug: `trainer verify-checkpoint` reports a damaged checkpoint as good, exits 0 on it,
     or dies with a traceback: on a good one it must exit 0 with "ok" and the counts, on one
@@ -238,6 +241,7 @@ def test_async_save_snapshots_the_state_when_called(tmp_path):
     assert torch.equal(torch.get_rng_state(), rng_at_save)
 
 
+@pytest.mark.slow
 def test_async_checkpoints_resume_bitwise_like_an_uninterrupted_run(reference, tmp_path):
     """Bug: an async checkpoint that misses state the sync one has, is still being written
     when the run ends (no manifest: the resume starts over), or prunes the wrong folders:
@@ -259,6 +263,7 @@ def test_async_checkpoints_resume_bitwise_like_an_uninterrupted_run(reference, t
     assert all(verify_checkpoint(p) == [] for p in ckpt.list_checkpoints(run))
 
 
+@pytest.mark.slow
 def test_kill_during_an_async_save_leaves_no_checkpoint_and_the_rerun_resumes(reference,
                                                                              tmp_path):
     """Bug: a process killed while an async checkpoint is written (after its tensors, before
@@ -309,6 +314,7 @@ def _save_at_dp2(corpus: str, root: str) -> list:
     return results
 
 
+@pytest.mark.slow
 def test_two_ranks_save_sync_and_async_with_shared_hashing(tmp_path):
     """Bug: the manifest lists only the writer's shard (the other rank's file unchecked) or
     is written before the other rank's write ends, the async save runs its collectives on

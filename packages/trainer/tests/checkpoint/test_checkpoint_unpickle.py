@@ -233,7 +233,7 @@ def _main(monkeypatch, capsys, *args: str) -> tuple[int, list[str]]:
     return exited.value.code, capsys.readouterr().err.splitlines()
 
 
-@pytest.mark.parametrize("kind", ["metadata", "value"])
+@pytest.mark.parametrize("kind", [pytest.param("metadata", marks=pytest.mark.slow), "value"])
 def test_verify_checkpoint_refuses_a_payload_with_a_consistent_manifest(made, tmp_path,
                                                                        monkeypatch, capsys,
                                                                        kind):
@@ -408,6 +408,7 @@ def sharded(made):
     return root, run_distributed(2, _save_sharded, made["corpus"], str(root))[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["dp2_zero3", "tp2"])
 def test_sharded_checkpoints_load_unchanged_through_the_restricted_reader(made, sharded,
                                                                          tmp_path, layout):

@@ -133,6 +133,7 @@ def test_resume_keeps_the_checkpoints_padded_vocabulary(corpus, tmp_path):
     assert source.kind == "resume" and again.model.vocab_size == 256
 
 
+@pytest.mark.slow
 def test_resume_lists_changed_settings_and_the_new_values_win(corpus, tmp_path):
     """Catches: a resume that silently keeps the checkpoint's optimizer hyper-parameters
     (DCP restores each param group's betas, eps and weight decay) when the config changed

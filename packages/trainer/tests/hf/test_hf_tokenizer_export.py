@@ -259,6 +259,7 @@ def test_transformers_generate_continues_as_trainer_generate(kind, trained, tmp_
     assert len(ours) > len(PROMPT)
 
 
+@pytest.mark.slow
 def test_export_without_a_tokenizer_says_so(corpus, tmp_path):
     """Bug: a checkpoint whose config has no data.tokenizer failing to export, or exporting
     without tokenizer files and without saying so."""

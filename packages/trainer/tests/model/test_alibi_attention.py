@@ -108,6 +108,7 @@ def test_eager_bf16_on_cpu_keeps_scores_bf16_and_matches_the_fp32_round_trip(mon
         assert (grad - expected).norm() <= 0.02 * expected.norm()
 
 
+@pytest.mark.slow
 def test_flex_attention_matches_sdpa_on_cpu():
     """Catches: a score_mod with the sign of the distance flipped or a non-causal block mask
     in the GPU path (compiled FlexAttention; CPU runs its forward only). Tolerance 1e-4."""

@@ -10,6 +10,8 @@ import pytest
 
 from bloomline.trainer.parallel.local_processes import run_distributed
 
+pytestmark = pytest.mark.slow
+
 VARIABLE = "BLOOMLINE_TEST_LOCAL_PROCESSES"
 
 

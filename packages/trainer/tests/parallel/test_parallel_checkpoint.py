@@ -24,6 +24,8 @@ from bloomline.trainer.config import Config
 from bloomline.trainer.loop import Trainer
 from bloomline.trainer.parallel.local_processes import run_distributed
 
+pytestmark = pytest.mark.slow
+
 STEPS, SAVED_AT = 6, 3
 
 

@@ -68,6 +68,7 @@ def _train_records(run_dir) -> list[dict]:
     return [r for r in map(json.loads, lines) if r["kind"] == "train"]
 
 
+@pytest.mark.slow
 def test_nproc_2_trains_like_one_process_and_writes_once(corpus, tmp_path, make_config):
     """Bug: --nproc starts ranks that each train alone (world size 1), every rank writes
     metrics.jsonl / checkpoints over the others', the arguments (--config, overrides) are not
@@ -93,6 +94,7 @@ def test_nproc_2_trains_like_one_process_and_writes_once(corpus, tmp_path, make_
                                                                     "__1_0.distcp"]
 
 
+@pytest.mark.slow
 def test_slurm_script_starts_the_launcher_with_a_rendezvous(corpus, tmp_path, make_config):
     """Bug: the SLURM example does not run (a typo in the launcher's flags, the rendezvous
     host, MAX_RESTARTS) or ignores its extra arguments, or requeues a run that finished: run
@@ -112,6 +114,7 @@ def test_slurm_script_starts_the_launcher_with_a_rendezvous(corpus, tmp_path, ma
     assert not (tmp_path / "requeued").exists()
 
 
+@pytest.mark.slow
 def test_a_bad_layout_ends_every_rank_with_one_line():
     """Bug: a config error raised on every rank prints N tracebacks and torchrun's failure
     table, or leaves the launcher waiting: the run must exit non-zero with the one message."""
@@ -122,6 +125,7 @@ def test_a_bad_layout_ends_every_rank_with_one_line():
                      "parallel.pipeline_parallel 1"], done.stderr
 
 
+@pytest.mark.slow
 def test_an_error_on_one_rank_stops_the_rank_waiting_for_it():
     """Bug: rank 1 raises a UserError after the process group is up while rank 0 waits in a
     collective for it: without the launcher stopping the survivors the run hangs forever (the
@@ -133,6 +137,7 @@ def test_an_error_on_one_rank_stops_the_rank_waiting_for_it():
         done.stderr
 
 
+@pytest.mark.slow
 def test_sigterm_to_the_launcher_stops_every_rank():
     """Bug: SLURM's SIGTERM at the time limit (or Ctrl-C) leaves ranks running as orphans, or
     ends the launcher with a traceback: it must stop both ranks (each waiting in a
@@ -198,6 +203,7 @@ def test_a_rank_reports_user_and_file_errors_to_the_launcher(tmp_path, monkeypat
         recorded
 
 
+@pytest.mark.slow
 def test_multi_node_options_need_a_rendezvous_and_nproc():
     """Bug: --nnodes without a rendezvous endpoint starts a job that waits forever for the
     other nodes, or --nnodes without --nproc is silently ignored."""

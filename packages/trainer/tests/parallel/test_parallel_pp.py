@@ -120,6 +120,7 @@ def test_parameter_partition_counts_the_embedding_and_the_tied_head():
     assert [len(s) for s in stages] == [1, 3, 3, 1]
 
 
+@pytest.mark.slow
 def test_profile_partition_measures_every_layer_and_splits():
     """Bug: profiling leaves its gradients on the model (the first step would add them), or
     skips the embedding/head, or fails on the run's micro-batch shape."""
@@ -153,6 +154,7 @@ def _saved_storages(model, tokens) -> tuple[int, int]:
             sum(square for _, square in storages.values()))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["full", "selective"])
 def test_activation_checkpointing_trains_the_same_and_keeps_names(mode):
     """Bug: recomputation changes the numbers (RNG, a missed input), renames parameters
@@ -178,6 +180,7 @@ def test_activation_checkpointing_trains_the_same_and_keeps_names(mode):
 # -- pipeline equivalence -------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.compat
 @pytest.mark.parametrize("schedule, partition", [
     ("gpipe", "parameters"), ("1f1b", "profile"), ("interleaved", "uniform")])
@@ -199,6 +202,7 @@ def test_pp2_trains_like_one_process(schedule, partition):
         assert_same(want, got)
 
 
+@pytest.mark.slow
 def test_pp4_middle_stages_train_like_one_process():
     """Bug: a middle stage (no embedding, no head) keeps or drops the wrong modules, joins
     the tied-embedding group (whose collective would then hang or pair the wrong ranks), or
@@ -209,6 +213,7 @@ def test_pp4_middle_stages_train_like_one_process():
         assert_same(want, got)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("zero_stage, schedule, checkpointing", [
     (1, "gpipe", "none"), (2, "1f1b", "none"), (3, "interleaved", "full")])
 def test_pp2_dp2_trains_like_one_process(zero_stage, schedule, checkpointing):
@@ -224,6 +229,7 @@ def test_pp2_dp2_trains_like_one_process(zero_stage, schedule, checkpointing):
         assert_same(want, got)
 
 
+@pytest.mark.slow
 def test_pp2_tp2_sequence_parallel_trains_like_one_process():
     """Bug: a stage's tensor-parallel plan expects the embedding it does not hold, the hidden
     states crossing stages carry the wrong (sequence-sharded) shape, the vocabulary-sharded
@@ -236,6 +242,7 @@ def test_pp2_tp2_sequence_parallel_trains_like_one_process():
         assert_same(want, got)
 
 
+@pytest.mark.slow
 def test_pp2_dp2_tp2_trains_like_one_process():
     """Bug: the three axes compose wrongly on 8 processes: the tied-embedding groups pair
     ranks of different dp/tp coordinates, the clipping norm is reduced over the wrong axis,
@@ -247,6 +254,7 @@ def test_pp2_dp2_tp2_trains_like_one_process():
         assert_same(want, got)
 
 
+@pytest.mark.slow
 def test_pp2_tied_copies_evaluation_and_activation_stats():
     """Bug: the last stage's copy of the tied embedding drifts from the first stage's (no
     gradient all-reduce, or a different update), evaluation under pipelining averages
@@ -266,6 +274,7 @@ def test_pp2_tied_copies_evaluation_and_activation_stats():
                                                                   abs=1e-6), key
 
 
+@pytest.mark.slow
 def test_pp2_checkpoint_resumes_exactly(tmp_path):
     """Bug: a stage saves its modules under stage-local names, the tied weight is saved twice
     or not at all, the optimizer's per-stage parameter groups overwrite each other in the

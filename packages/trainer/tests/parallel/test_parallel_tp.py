@@ -88,6 +88,7 @@ def tp2() -> list[dict]:
     return run_distributed(2, _train_and_probe, _parallel(tensor_parallel=2))
 
 
+@pytest.mark.slow
 @pytest.mark.compat
 def test_tp2_trains_like_one_process(reference, tp2):
     """Bug: a wrong shard (QKV rows not by head, the row-wise bias added on every rank), a
@@ -100,6 +101,7 @@ def test_tp2_trains_like_one_process(reference, tp2):
         assert result["param_types"] == {"DTensor"}  # clip, FSDP2 and DCP see one kind
 
 
+@pytest.mark.slow
 def test_tp2_sequence_parallel_trains_like_one_process(reference):
     """Bug: a LayerNorm or residual region left replicated or reduced twice, a reduce-scatter
     on the wrong dimension, the ALiBi bias sized from the local sequence shard, or an
@@ -111,6 +113,7 @@ def test_tp2_sequence_parallel_trains_like_one_process(reference):
         assert result["bias_shape"] == (2, SEQ, SEQ)  # local heads, full sequence
 
 
+@pytest.mark.slow
 def test_tp_rank_holds_its_heads_and_their_alibi_slopes(tp2):
     """Bug: every rank keeps heads [0, h/tp) (its ALiBi slopes those of the first heads), or
     the attention still believes it holds all heads (its view of the local QKV fails)."""
@@ -125,6 +128,7 @@ def test_tp_rank_holds_its_heads_and_their_alibi_slopes(tp2):
     assert [r["tp_rank"] for r in tp2] == [0, 1]
 
 
+@pytest.mark.slow
 def test_tp2_bf16_smoke():
     """Bug: autocast and DTensor disagree (a bf16 weight shard cast twice, the loss-parallel
     cross-entropy in bf16, the fp32 residual stream meeting a bf16 DTensor): the run crashes or

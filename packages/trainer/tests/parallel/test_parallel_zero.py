@@ -244,6 +244,7 @@ def _assert_same(reference: dict, result: dict) -> None:
         assert abs(got - want) <= 1e-5 * want, f"step {step}: grad norm {got} vs {want}"
 
 
+@pytest.mark.slow
 @pytest.mark.compat
 @pytest.mark.parametrize("stage", list(STAGES))
 def test_dp2_trains_like_one_process(runs, reference, stage):
@@ -256,6 +257,7 @@ def test_dp2_trains_like_one_process(runs, reference, stage):
         _assert_same(reference, rank_result["stages"][stage])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stage", list(STAGES))
 def test_model_state_memory_matches_zero_formula(runs, stage):
     """Bug: a stage keeps more than it should (whole gradients at ZeRO-2, whole optimizer state
@@ -283,6 +285,7 @@ def test_model_state_memory_matches_zero_formula(runs, stage):
         assert seen["activation_stats"]  # set_activation_stats still reaches the blocks
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stage", list(STAGES))
 def test_gradients_reduced_once_per_step_or_kept_sharded(runs, stage):
     """Bug: stages 0-1 all-reduce after every micro-batch (dp x the traffic), or stages 2-3
@@ -297,6 +300,7 @@ def test_gradients_reduced_once_per_step_or_kept_sharded(runs, stage):
         assert seen["reduced_early"] == want
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stage", ["zero1", "zero3"])
 def test_checkpoint_resume_equals_straight_run(runs, stage):
     """Bug: the ZeRO-1 optimizer state (our own sharding) or FSDP2's sharded state is not
@@ -309,6 +313,7 @@ def test_checkpoint_resume_equals_straight_run(runs, stage):
             assert torch.equal(resumed["params"][name], want), name
 
 
+@pytest.mark.slow
 def test_bf16_zero3_keeps_fp32_gradients_and_matches_one_process(runs):
     """Bug: under bf16 the ZeRO-3 gradients are accumulated or reduced in bf16 (FSDP2 reduces
     in the compute dtype unless told otherwise): the sharded gradients the optimizer sees must
@@ -324,6 +329,7 @@ def test_bf16_zero3_keeps_fp32_gradients_and_matches_one_process(runs):
             assert abs(got - want) <= 1e-4 * want, (got, want)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stage", ["zero1", "zero3"])
 def test_non_finite_step_is_skipped_on_every_rank(runs, stage):
     """Bug: one rank's NaN is seen by that rank only, so it skips the step while the other

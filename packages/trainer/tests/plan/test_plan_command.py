@@ -149,6 +149,7 @@ def test_search_ranks_fitting_layouts_and_places_the_recipes_own():
     assert smaller["fitting"] < plan["fitting"]
 
 
+@pytest.mark.slow
 @pytest.mark.compat
 def test_traced_plan_of_a_three_dimensional_tiny_layout(tmp_path):
     """The bug: the traced step failing on a pipelined, tensor-parallel, ZeRO-1 rank (a

@@ -27,6 +27,8 @@ from bloomline.trainer.plan.planner import formula_layout
 from bloomline.trainer.plan.rank_build import build_rank
 from bloomline.trainer.plan.traced_step import trace_ranks, trace_step
 
+pytestmark = pytest.mark.slow
+
 TINY = Path(__file__).resolve().parents[4] / "configs" / "tiny-cpu.toml"
 BASE = ["model.vocab_size=8064", "precision.dtype=fp32"]
 

@@ -139,6 +139,7 @@ def test_unreadable_cache_and_a_given_peak(tmp_path):
     assert (given.source, given.flops, measure.calls) == ("config", 2e11, 1)
 
 
+@pytest.mark.slow
 def test_ranks_measure_together_and_agree(tmp_path):
     """Bug: CPU ranks sharing a host measuring one at a time (each alone on the cores: a peak
     per rank of the whole machine, MFU understated by the rank count), a rank that reads the
@@ -273,6 +274,7 @@ def test_guard_measures_again_then_flags(tmp_path):
 
 
 # -- the trainer ------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_run_records_the_peak_and_reuses_it_on_resume(corpus, tmp_path, monkeypatch):
     """Bug: the peak not recorded where a reader looks (first line, config.toml, run_info),
     or measured again on resume instead of read from the run folder's cache."""
@@ -327,6 +329,7 @@ def test_low_cached_peak_is_measured_again_not_logged_above_100(corpus, tmp_path
     assert any("measured again: 1,000,000.0 GFLOP/s; using it" in line for line in lines)
 
 
+@pytest.mark.slow
 def test_peak_still_too_low_is_flagged(corpus, tmp_path, monkeypatch):
     """Bug: an MFU above 100% logged silently when measuring again cannot fix the peak: each
     such record carries ``mfu_flag`` with the reason, the console says so, and the run does
@@ -358,6 +361,7 @@ while not os.path.exists(sys.argv[1]):  # until the trainer has cached its peak
 """
 
 
+@pytest.mark.slow
 def test_trainer_started_under_cpu_load_reports_no_mfu_above_100(tmp_path):
     """Bug: a trainer started while another process loads every core measures
     its peak at a fraction of the machine's, then trains on the idle machine and logs MFU

@@ -85,6 +85,7 @@ def _copy_of(run, tmp_path):
     return copy
 
 
+@pytest.mark.slow
 def test_plot_of_a_tiny_run(tiny_run, tmp_path):
     """Catches: plot failing on a real run folder, an image that is not a 1200x800 PNG, the
     default output not RUN/plot.png or not redrawn on the next call, an explicit output
@@ -110,6 +111,7 @@ def test_plot_of_a_tiny_run(tiny_run, tmp_path):
     assert plot_run(tiny_run, other, overwrite=True)["out"] == str(other)
 
 
+@pytest.mark.slow
 def test_plot_refuses_bad_input_in_one_line(tiny_run, tmp_path):
     """Catches: a traceback (or an empty PNG) for a folder that is not a run, a run that has
     not logged yet, a metrics.jsonl of torn lines, an output that is not a .png or is some

@@ -80,6 +80,7 @@ def test_eta_is_the_recent_pace_without_the_first_step(clock):
     assert timer.elapsed() == pytest.approx(106.0)
 
 
+@pytest.mark.slow
 def test_throughput_and_eta_exclude_the_start_up(corpus, tmp_path, make_config, clock):
     """Catches: the first logged tokens/s (and MFU, and ETA) including the first step's
     start-up (its warm-up took 100x a step here: 2.5 tok/s instead of 128), or elapsed/ETA
@@ -109,6 +110,7 @@ def _summary(run: Path) -> dict:
     return json.loads((run / "summary.json").read_text())
 
 
+@pytest.mark.slow
 def test_summary_of_a_completed_run(corpus, tmp_path, make_config, clock):
     """Catches: a run that ends without saying what it did (steps, tokens, time, losses,
     best validation and its step, the checkpoint) and what to run next, or a summary.json
@@ -147,6 +149,7 @@ def test_summary_of_a_completed_run(corpus, tmp_path, make_config, clock):
         f"  summary: {run / 'summary.json'}"]
 
 
+@pytest.mark.slow
 def test_summary_of_stopped_and_resumed_runs(corpus, tmp_path, make_config, clock):
     """Catches: a stop (train.exit_interval, train.max_wallclock: the preemption path, exit
     75) reported as a completed run or without how to continue; a resumed session's summary

@@ -133,6 +133,7 @@ def _config(corpus, run: Path, samples: int):
                                 "peak_flops": 1e12, "wandb": True, "wandb_project": "tests"})
 
 
+@pytest.mark.slow
 def test_wandb_gets_the_tensorboard_scalars_and_a_resume_continues_its_run(
         corpus, tmp_path, monkeypatch, offline_wandb):
     """Bug: W&B given other names, steps or values than TensorBoard (a record kind left out,
@@ -184,6 +185,7 @@ def test_wandb_gets_the_tensorboard_scalars_and_a_resume_continues_its_run(
         assert math.isfinite(logged["train/grad_norm", step])
 
 
+@pytest.mark.slow
 def test_a_failed_run_finishes_its_wandb_run_with_exit_code_1(corpus, tmp_path, monkeypatch,
                                                               offline_wandb):
     """Bug: a run that fails leaving its W&B run open (shown as running until W&B calls it

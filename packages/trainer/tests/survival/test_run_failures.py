@@ -162,6 +162,7 @@ def _error_lines(stderr: str) -> list[str]:
 
 
 # -- an exception ends every process ----------------------------------------------------------
+@pytest.mark.slow
 def test_an_exception_in_a_step_ends_the_run_and_its_loader_workers_promptly(corpus, tmp_path):
     """Bug: an exception inside a run (here injected at step 3) prints its traceback and then
     hangs until killed: the loader workers ignore SIGTERM (for SLURM), and at exit
@@ -180,6 +181,7 @@ def test_an_exception_in_a_step_ends_the_run_and_its_loader_workers_promptly(cor
 
 
 # -- Ctrl-C -----------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_ctrl_c_saves_a_checkpoint_and_exits_75_like_sigterm(corpus, tmp_path):
     """Bug: Ctrl-C (SIGINT to the whole foreground process group, loader workers included)
     exits 130 without the checkpoint the README promises, and silently (Typer turns the
@@ -202,6 +204,7 @@ def test_ctrl_c_saves_a_checkpoint_and_exits_75_like_sigterm(corpus, tmp_path):
     assert run.left_behind() == []
 
 
+@pytest.mark.slow
 def test_a_second_ctrl_c_aborts_at_once_and_leaves_no_partial_checkpoint(corpus, tmp_path):
     """Bug: a second Ctrl-C is swallowed by the handler of the first (the user cannot stop a
     long save), or the save it interrupts leaves its partial folder behind, or the abort is
@@ -222,6 +225,7 @@ def test_a_second_ctrl_c_aborts_at_once_and_leaves_no_partial_checkpoint(corpus,
     assert run.left_behind() == []
 
 
+@pytest.mark.slow
 def test_ctrl_c_to_the_launcher_reaches_every_rank_which_saves_and_exits_75():
     """Bug: Ctrl-C to `trainer pretrain --nproc` is torchrun's shutdown (SIGINT to the ranks,
     SIGKILL 30 s later, exit 130 although they could have saved), or never reaches the ranks
@@ -243,6 +247,7 @@ def test_ctrl_c_to_the_launcher_reaches_every_rank_which_saves_and_exits_75():
 
 
 # -- one trainer per run folder ---------------------------------------------------------------
+@pytest.mark.slow
 def test_a_second_trainer_on_a_run_folder_in_use_is_refused_on_every_rank(corpus, tmp_path):
     """Bug: two trainers on one run folder (a job resubmitted while the first still runs)
     overwrite each other's checkpoints and interleave their metrics, or the refusal hangs the
@@ -307,6 +312,7 @@ def _disk_methods() -> list:
     return [pytest.param("tmpfs" if real else "injected", id="tmpfs" if real else "injected")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", _disk_methods())
 @pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
 def test_a_full_disk_during_a_save_ends_the_run_with_one_line_and_loses_nothing(
@@ -345,6 +351,7 @@ def test_a_full_disk_during_a_save_ends_the_run_with_one_line_and_loses_nothing(
 
 
 # -- restarts ---------------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize(("fault", "starts", "last_line"), [
     ("error@step:step=2", 2, "error: rank 0 failed (exit code 1) after 1 restart, not restarted "
      "again: the previous attempt failed the same way (RuntimeError: injected fault: "
@@ -382,6 +389,7 @@ def _flip_byte(path: Path) -> None:
     path.write_bytes(bytes(data))
 
 
+@pytest.mark.slow
 def test_a_run_never_starts_over_its_checkpoints(tmp_path):
     """Bug: --resume auto with every checkpoint damaged starts again at step 0 in silence and
     its saves and retention then delete the damaged ones (which might have been repaired),
@@ -469,6 +477,7 @@ def test_export_overwrite_replaces_only_an_earlier_export(tmp_path):
     assert sorted(p.name for p in export.iterdir()) == ["config.json", "model.safetensors"]
 
 
+@pytest.mark.slow
 def test_sigterm_during_an_export_leaves_no_partial_folder_and_the_old_export(corpus, tmp_path):
     """Bug: SIGTERM (scancel, a time limit) to `trainer export-hf` killed it without cleanup:
     its hidden scratch folder with the half-written weights stayed next to the output. It must

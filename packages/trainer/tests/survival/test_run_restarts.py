@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 from test_parallel_launch import _env, _trainer, run_sbatch, slurm_env
 
+pytestmark = pytest.mark.slow
+
 PREEMPTED = 75
 
 

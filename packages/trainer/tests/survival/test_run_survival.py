@@ -65,6 +65,7 @@ def uninterrupted(tmp_path_factory):
     return corpus, losses
 
 
+@pytest.mark.slow
 def test_sigusr1_and_sigterm_mid_step_save_exit_75_and_resume_exactly(uninterrupted, tmp_path):
     """Bug: a signal that kills the run without a checkpoint (the default action), one that
     stops before finishing the step or saves a half-updated state, an exit code the SLURM
@@ -95,6 +96,7 @@ def test_max_wallclock_saves_before_the_budget_and_exits_75(corpus, tmp_path, ma
     assert (tmp_path / "run" / "checkpoints" / "step_00000001" / "manifest.json").is_file()
 
 
+@pytest.mark.slow
 def test_kill_9_soak_ends_bitwise_equal(uninterrupted, tmp_path):
     """Bug: any state a SIGKILL can catch half-written (a checkpoint folder without its
     manifest, an async save in flight, metrics, the index cache) that a resume then trusts:
@@ -122,6 +124,7 @@ def test_kill_9_soak_ends_bitwise_equal(uninterrupted, tmp_path):
     assert not (run / "watchdog").exists(), list((run / "watchdog").iterdir())
 
 
+@pytest.mark.slow
 def test_watchdog_dumps_the_hanging_rank_and_ends_the_run(uninterrupted, tmp_path):
     """Bug: a rank stuck forever (a collective whose peer hangs, a dead file system) that
     keeps the job idling until its time limit, or that dies without saying where: with rank 1

@@ -82,6 +82,7 @@ def _assert_rolled_back_once_like_b(root: Path, result: dict) -> None:
     assert max(losses_b) == 26
 
 
+@pytest.mark.slow
 def test_spike_rolls_back_once_and_continues_like_a_run_told_to_skip(corpus, tmp_path):
     """Bug: a spike that is not detected, rolled back more than once (the spiked batch met
     again after the rollback), a rollback that keeps the spiked weights or optimizer moments,
@@ -98,6 +99,7 @@ def test_spike_rolls_back_once_and_continues_like_a_run_told_to_skip(corpus, tmp
     assert saved["skip_samples"] == [SKIP] and saved["events"][0]["step"] == SPIKE_STEP
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("parallel", [{"data_parallel": 2},
                                       {"pipeline_parallel": 2, "data_parallel": 1}],
                          ids=["dp2", "pp2"])
@@ -111,6 +113,7 @@ def test_spike_rollback_agrees_across_ranks(tmp_path, parallel):
     _assert_rolled_back_once_like_b(tmp_path, result)
 
 
+@pytest.mark.slow
 def test_rollbacks_beyond_the_cap_stop_the_run_with_the_reason(corpus, tmp_path, make_config,
                                                                  monkeypatch):
     """Bug: a run that rolls back forever (a spike that comes back whatever is skipped) or

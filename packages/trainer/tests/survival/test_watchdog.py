@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from trainer_fixtures import tiny_config
 
 from bloomline.trainer.loop import Trainer
@@ -41,6 +42,7 @@ def test_a_save_outside_a_run_leaves_no_hang_report(corpus, tmp_path):
     assert not (run / "watchdog").exists(), list((run / "watchdog").iterdir())
 
 
+@pytest.mark.slow
 def test_a_killed_process_leaves_no_hang_report_and_a_real_one_is_kept(tmp_path):
     """Bug: a process killed while a step was timed (SIGKILL, the OOM killer, torchrun ending
     the other ranks) left RUN/watchdog/rank_R.txt claiming the step "took more than 600 s",
