@@ -143,8 +143,7 @@ WHEEL_PYTHON   ?= 3.12
 WHEEL_PLATFORM ?= manylinux_2_28_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 linux_x86_64
 wheelhouse: $(STAMP)
 	rm -rf $(WHEELHOUSE) && mkdir -p $(WHEELHOUSE) build
-	$(BIN)/python -m pip wheel --quiet --no-deps --no-build-isolation --wheel-dir $(WHEELHOUSE) \
-		packages/common packages/dataprep packages/trainer packages/tools
+	$(BIN)/python -m benchmarks.gpu_checks.wheelhouse wheels $(WHEELHOUSE)
 	$(BIN)/python -m benchmarks.gpu_checks.wheelhouse requirements > build/wheelhouse-requirements.txt
 	$(BIN)/python -m pip download --quiet --dest $(WHEELHOUSE) --only-binary=:all: \
 		--python-version $(WHEEL_PYTHON) $(addprefix --platform ,$(WHEEL_PLATFORM)) \

@@ -123,7 +123,7 @@ def test_pretrain_export_and_transformers_keep_the_added_ids(corpus, gapped_toke
                       data={"tokenizer": str(gapped_tokenizer)},
                       train={"train_samples": 16, "log_interval": 1000})
     trainer = Trainer(cfg, log=lambda *_: None)
-    assert cfg.model.vocab_size == 640  # 612 padded to a multiple of 128
+    assert trainer.cfg.model.vocab_size == 640  # 612 padded to a multiple of 128
     trainer.run()
     (checkpoint,) = (tmp_path / "run" / "checkpoints").iterdir()
 

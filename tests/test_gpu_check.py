@@ -92,7 +92,8 @@ def test_checks_b_and_c_start_each_recipe_at_a_world_it_states(monkeypatch):
     from types import SimpleNamespace
 
     from benchmarks.gpu_checks import equivalence_check, step_check
-    from bloomline.trainer.config import load_trainer_config, parallel_sizes
+    from bloomline.trainer.config import load_trainer_config
+    from bloomline.trainer.config_rules import parallel_sizes
 
     started = []
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.gpu_checks.wheelhouse import DISTRIBUTIONS, SOURCE_FILE
+from benchmarks.gpu_checks.wheelhouse import SOURCE_FILE, build_wheels
 
 pytestmark = pytest.mark.slow
 
@@ -63,10 +63,7 @@ def wheelhouse(tmp_path_factory) -> Path:
     """The bloomline part of ``make wheelhouse``, offline: this checkout's four wheels and
     ``SOURCE.json``."""
     folder = tmp_path_factory.mktemp("wheelhouse")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
-                    "--no-build-isolation", "--wheel-dir", str(folder),
-                    *(f"packages/{name}" for name in DISTRIBUTIONS)],
-                   cwd=REPO, check=True, timeout=600, env={**os.environ, **OFFLINE})
+    build_wheels(folder, REPO, env={**os.environ, **OFFLINE})
     subprocess.run([sys.executable, "-m", "benchmarks.gpu_checks.wheelhouse", "record",
                     str(folder)], cwd=REPO, check=True, timeout=120)
     return folder
@@ -163,3 +160,19 @@ def test_an_older_python_is_refused_in_one_line():
     assert done.returncode == 3, done.stderr
     (line,) = done.stderr.strip().splitlines()
     assert "older than bloomline's 3.11" in line
+
+
+@pytest.mark.slow
+def test_wheels_leave_out_modules_that_left_the_sources(tmp_path):
+    """Bug: setuptools' build/ folder keeping a module the sources no longer have (data.py
+    after it became data/), so that the wheel ships both, its digest differs from the checkout's
+    and the GPU machine refuses it as "imported from elsewhere"."""
+    import zipfile
+
+    stale = REPO / "packages" / "tools" / "build" / "lib" / "bloomline" / "tools" / "gone.py"
+    stale.parent.mkdir(parents=True, exist_ok=True)
+    stale.write_text("raise ImportError('a module the sources no longer have')\n")
+    build_wheels(tmp_path, REPO, env={**os.environ, **OFFLINE})
+    (tools,) = tmp_path.glob("bloomline_tools-*.whl")
+    assert not [name for name in zipfile.ZipFile(tools).namelist() if name.endswith("gone.py")]
+    assert not stale.exists()

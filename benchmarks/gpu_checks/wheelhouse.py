@@ -17,12 +17,14 @@ The GPU machine installs only what it lacks from it (``environment.py``), with `
 
 Contract: :func:`runtime_requirements` lists the pins to download; :func:`source_digest` is the
 one digest of a tree of bloomline sources (the checkout's or an installed copy's);
-:func:`record` writes ``SOURCE.json``. Standard library only (``tomllib`` inside the
+:func:`build_wheels` builds the four wheels from clean build folders; :func:`record` writes
+``SOURCE.json``. Standard library only (``tomllib`` inside the
 functions that need it): ``environment.py`` imports this module before it knows whether the
 Python running it is recent enough.
 
 ``python -m benchmarks.gpu_checks.wheelhouse requirements`` prints the pins (one per line);
-``... record DIR`` writes ``DIR/SOURCE.json``.
+``... wheels DIR`` builds the bloomline wheels into DIR; ``... record DIR`` writes
+``DIR/SOURCE.json``.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-__all__ = ["DISTRIBUTIONS", "REPO", "SOURCE_FILE", "checkout_digest", "record",
+__all__ = ["DISTRIBUTIONS", "REPO", "SOURCE_FILE", "build_wheels", "checkout_digest", "record",
            "runtime_requirements", "source_digest"]
 
 REPO = Path(__file__).resolve().parents[2]
@@ -101,6 +103,21 @@ def checkout_digest(repo: Path = REPO) -> str:
     return source_digest([repo / "packages" / f / "src" / "bloomline" / f for f in DISTRIBUTIONS])
 
 
+def build_wheels(wheelhouse: Path, repo: Path = REPO, env: dict | None = None) -> None:
+    """The four bloomline wheels of this checkout into ``wheelhouse``. Each package's
+    setuptools ``build/`` folder is removed first: setuptools copies modules into it and never
+    deletes one, so a module since moved or removed (``data.py`` became ``data/``) would ship
+    in the wheel beside its replacement."""
+    import shutil
+
+    for name in DISTRIBUTIONS:
+        shutil.rmtree(repo / "packages" / name / "build", ignore_errors=True)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
+                    "--no-build-isolation", "--wheel-dir", str(wheelhouse),
+                    *(f"packages/{name}" for name in DISTRIBUTIONS)],
+                   cwd=repo, check=True, timeout=600, env=env)
+
+
 def record(wheelhouse: Path, repo: Path = REPO) -> Path:
     """Write ``wheelhouse/SOURCE.json`` (the sources' digest, the commit) after the wheels."""
     commit = subprocess.run(["git", "--no-optional-locks", "rev-parse", "--short", "HEAD"],
@@ -115,10 +132,14 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["requirements"] and len(argv) == 1:
         print("\n".join(runtime_requirements()))
         return 0
+    if argv[:1] == ["wheels"] and len(argv) == 2:
+        build_wheels(Path(argv[1]))
+        return 0
     if argv[:1] == ["record"] and len(argv) == 2:
         print(f"wheelhouse: wrote {record(Path(argv[1]))}")
         return 0
-    print("usage: python -m benchmarks.gpu_checks.wheelhouse requirements | record DIR",
+    print("usage: python -m benchmarks.gpu_checks.wheelhouse requirements | wheels DIR | "
+          "record DIR",
           file=sys.stderr)
     return 1
 
