@@ -18,7 +18,7 @@ Kernels (``ModelConfig.attention``; ``auto`` picks eager on CPU and flex on CUDA
   largest where the softmax weight exp(bias) is smallest). Other devices upcast the scores.
   On CPU without dropout the core is one hand-written autograd node
   (``kernels/cpu/attention_core.py``: fewer layout copies, no subnormal fp32 probabilities).
-They agree within bf16/fp32 tolerance (tests/test_alibi_attention.py). Positions come from
+They agree within bf16/fp32 tolerance (tests/model/test_alibi_attention.py). Positions come from
 ``model/position.py`` (ALiBi). Measurements: docs/perf/cpu-kernels.md.
 """
 

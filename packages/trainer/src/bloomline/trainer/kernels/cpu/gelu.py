@@ -15,7 +15,7 @@ once to the input's dtype, as ATen does).
 - If compiling fails (no C++ compiler on the host), a warning says so once and ATen's kernel
   takes over for the rest of the process.
 
-The two forms agree within fp32 roundoff (tests/test_gelu.py). Measurements:
+The two forms agree within fp32 roundoff (tests/kernels/test_gelu.py). Measurements:
 docs/perf/cpu-kernels.md.
 """
 
