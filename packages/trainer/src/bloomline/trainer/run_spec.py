@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from bloomline.common.config_loader import freeze, thawed_copy
+from bloomline.common.config_loader import freeze, load_config, thawed_copy
 from bloomline.common.errors import UserError
 from bloomline.trainer.config import Config, load_trainer_config
 from bloomline.trainer.config_rules import resolve_layout
@@ -62,8 +62,6 @@ def run_device(name: str) -> torch.device:
 def model_overrides(overrides: Iterable[str]) -> dict[str, object]:
     """The ``model.*`` values among command-line ``section.key=value`` overrides, parsed as
     the config parses them: the ones that must not contradict the model a run starts from."""
-    from bloomline.common.config_loader import load_config
-
     given = [text for text in overrides if _override_key(text).startswith("model.")]
     model = load_config(Config, None, given).model
     return {key: getattr(model, key.removeprefix("model.")) for key in map(_override_key, given)}
