@@ -130,6 +130,10 @@ def output_prefixes(output: str, keys: list[str]) -> dict[str, str]:
 # The exit status of a worker that stopped because it was running the parent's main script
 # again (_stop_if_reimporting_main); any status no worker has otherwise would do.
 _MAIN_REIMPORT_EXIT = 86
+# ...and the file such a worker creates first, named by the parent in this variable (which
+# spawned workers inherit): the pool's record of its workers' exit statuses can be cleared
+# by its management thread before the parent reads it, the file cannot.
+_MAIN_REIMPORT_MARK = "BLOOMLINE_TOKENIZE_REIMPORT_MARK"
 
 
 def _stop_if_reimporting_main() -> None:
@@ -145,6 +149,10 @@ def _stop_if_reimporting_main() -> None:
     # multiprocessing's own sign of a process still bootstrapping (what it checks before
     # refusing to start a process there)
     if getattr(multiprocessing.current_process(), "_inheriting", False):
+        mark = os.environ.get(_MAIN_REIMPORT_MARK)
+        if mark:
+            with contextlib.suppress(OSError):
+                Path(mark).touch()
         os._exit(_MAIN_REIMPORT_EXIT)  # not SystemExit: the script may catch that
 
 
@@ -187,6 +195,10 @@ def _results_in_flight(chunks: Iterator[Chunk], workers: int, init_args: tuple
                                initargs=(*init_args, True, os.getpid()))
     pending: set[Future] = set()
     finished = False
+    marks = tempfile.TemporaryDirectory(prefix="bloomline-tokenize-")
+    mark = os.path.join(marks.name, "main-reimported")
+    previous_mark = os.environ.get(_MAIN_REIMPORT_MARK)
+    os.environ[_MAIN_REIMPORT_MARK] = mark  # the workers start at the first submits
 
     def fill() -> None:
         while len(pending) < 2 * workers:
@@ -208,7 +220,7 @@ def _results_in_flight(chunks: Iterator[Chunk], workers: int, init_args: tuple
         finished = True
     except BrokenProcessPool:
         # raised by result() or by submit(), whichever notices first
-        if _MAIN_REIMPORT_EXIT in _worker_exit_codes(pool):
+        if os.path.exists(mark) or _MAIN_REIMPORT_EXIT in _worker_exit_codes(pool):
             raise _main_guard_error() from None
         raise UserError("tokenize: a worker process died (killed, or out of memory); rerun "
                         "with fewer --workers or a smaller --chunk-mb") from None
@@ -219,6 +231,11 @@ def _results_in_flight(chunks: Iterator[Chunk], workers: int, init_args: tuple
         if not finished:
             _kill_workers(pool)
         pool.shutdown(wait=True, cancel_futures=True)
+        if previous_mark is None:
+            os.environ.pop(_MAIN_REIMPORT_MARK, None)
+        else:
+            os.environ[_MAIN_REIMPORT_MARK] = previous_mark
+        marks.cleanup()
 
 
 def _kill_workers(pool: ProcessPoolExecutor) -> None:
