@@ -84,7 +84,7 @@ def test_one_gpu_skips_the_layouts_without_running_them():
 
 
 def test_checks_b_and_c_start_each_recipe_at_a_world_it_states(monkeypatch):
-    """Catches (issue 36): a check starting a recipe on another number of processes than its
+    """Catches: a check starting a recipe on another number of processes than its
     parallel.world_size without overriding it (b: 350m, a layout for 8 GPUs, on one; c:
     tiny-cpu, a layout for 1 process, under --nproc 2), which pretrain refuses: the check would
     fail on every GPU machine. Each start is held to the trainer's own rule

@@ -242,7 +242,7 @@ def test_world_size_rules_and_configs_built_in_code(world, parallel, message):
 
 @pytest.mark.parametrize("world", [1, 4, 16])
 def test_a_layout_for_another_world_is_refused_in_one_line(world):
-    """Bug (issue 36): a recipe whose [parallel] layout is for 8 processes run by another
+    """Bug: a recipe whose [parallel] layout is for 8 processes run by another
     number of them (pretrain training a layout nobody planned: dp 1 or dp 16 of a recipe whose
     batch, memory and plan assume dp 8), or refused with more than one line, without both
     numbers or without what to do. Its own world passes, and any world with world_size 0."""
@@ -362,7 +362,7 @@ def test_launcher_refuses_before_starting_the_processes(name, cli_runs):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["nproc_world", "one_process_world"])
 def test_pretrain_refuses_a_world_the_layout_is_not_for(name, cli_runs):
-    """Bug (issue 36): ``trainer pretrain`` running a recipe's layout on another number of
+    """Bug: ``trainer pretrain`` running a recipe's layout on another number of
     processes than its parallel.world_size (tiny-cpu's 1 under ``--nproc 2``; a layout for 8
     in one process), so that the run trains another layout than the one planned; or refusing
     it with a traceback, more than one line, after the workers started, or exit 0."""

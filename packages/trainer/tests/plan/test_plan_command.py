@@ -59,7 +59,7 @@ def test_bloom_176b_plan_at_384_gpus_reports_each_rank_and_the_time_model():
 
 
 def test_7b1_plans_and_configures_the_layout_its_fields_state():
-    """The bug (issue 36): `trainer plan` approving tp4 pp2 dp4 from a comment while `trainer
+    """The bug: `trainer plan` approving tp4 pp2 dp4 from a comment while `trainer
     config` (what pretrain runs) showed tp1 pp1: the plan and the run must read the same
     [parallel] fields, world 32 = tp4 x pp2 x dp4, with no note of another world."""
     plan = _plan("--rank", "0", config=SEVEN_B)
@@ -73,7 +73,7 @@ def test_7b1_plans_and_configures_the_layout_its_fields_state():
 
 
 def test_nodes_plan_another_world_keeping_tp_and_pp_and_say_so():
-    """The bug (issue 36): `--nodes 8` dropping the recipe's layout silently (planning tp1 pp1
+    """The bug: `--nodes 8` dropping the recipe's layout silently (planning tp1 pp1
     dp64 of 7b1), or planning another world without saying that it is not the recipe's. The
     world becomes 8 x 8 = 64, tp4 pp2 kept, dp 8, and one line says so (in the text output
     first, as `note` in the JSON)."""

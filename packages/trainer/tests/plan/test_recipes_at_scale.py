@@ -44,7 +44,7 @@ def _cfg(name: str):
 
 
 def test_recipes_state_their_layout_as_settings_not_comments():
-    """The bug (issue 36): a recipe stating its world and layout in a comment that `trainer
+    """The bug: a recipe stating its world and layout in a comment that `trainer
     plan` parsed and `trainer pretrain` ignored (7b1's comment said tp4 pp2, its config ran tp1
     pp1). Every recipe sets parallel.world_size, and nothing in configs/ (the SLURM scripts
     included) says "world size" in a comment any more."""
