@@ -305,18 +305,25 @@ def _write_cached_peak(run_dir: Path, flops: float) -> None:
                            fake_conditions(0.0))
 
 
-def test_low_cached_peak_is_measured_again_not_logged_above_100(corpus, tmp_path,
-                                                                monkeypatch):
-    """Bug: a peak cached while the machine was busy (here 1 MFLOP/s) making every step of
-    the run log MFU in the thousands of percent: the first step that beats it measures it
-    again, and the better figure is logged, cached and recorded."""
-    measure = FakeMeasure(1e15)
+def _run_over_cached_peak(corpus, tmp_path, monkeypatch, measure) -> tuple[Path, list[str]]:
+    """A 20-step run whose folder caches a peak of 1 MFLOP/s (a busy machine's), measuring with
+    ``measure`` when it measures again; returns the run folder and its console lines."""
     monkeypatch.setattr(monitor, "measure_peak_flops", measure)
     run = tmp_path / "run"
     _write_cached_peak(run, 1e6)
     lines: list[str] = []
     Trainer(tiny_config(corpus, run, train={"train_samples": 40, "log_interval": 2},
                         monitor=MEASURE), log=lines.append).run()
+    return run, lines
+
+
+def test_low_cached_peak_is_measured_again_not_logged_above_100(corpus, tmp_path,
+                                                                monkeypatch):
+    """Bug: a peak cached while the machine was busy (here 1 MFLOP/s) making every step of
+    the run log MFU in the thousands of percent: the first step that beats it measures it
+    again, and the better figure is logged, cached and recorded."""
+    measure = FakeMeasure(1e15)
+    run, lines = _run_over_cached_peak(corpus, tmp_path, monkeypatch, measure)
     records = _records(run)
     assert len(records) == 5 and all(0 < r["mfu"] <= 1 and "mfu_flag" not in r
                                      for r in records)
@@ -335,12 +342,7 @@ def test_peak_still_too_low_is_flagged(corpus, tmp_path, monkeypatch):
     such record carries ``mfu_flag`` with the reason, the console says so, and the run does
     not spend its steps measuring (at most twice)."""
     measure = FakeMeasure(2e6)
-    monkeypatch.setattr(monitor, "measure_peak_flops", measure)
-    run = tmp_path / "run"
-    _write_cached_peak(run, 1e6)
-    lines: list[str] = []
-    Trainer(tiny_config(corpus, run, train={"train_samples": 40, "log_interval": 2},
-                        monitor=MEASURE), log=lines.append).run()
+    run, lines = _run_over_cached_peak(corpus, tmp_path, monkeypatch, measure)
     records = _records(run)
     assert len(records) == 5 and all(r["mfu"] > 1 for r in records)
     assert all("measuring again did not reach" in r["mfu_flag"] for r in records)
