@@ -15,7 +15,8 @@ from bloomline.trainer.dataprep_keys import DATAPREP_KEYS
 from bloomline.trainer.parallel.mesh import Layout
 from bloomline.trainer.reporting.wandb_sink import check_wandb_settings
 
-__all__ = ["parallel_sizes", "pipeline_microbatches", "resolve_layout", "validate"]
+__all__ = ["check_step_microbatches", "parallel_sizes", "pipeline_microbatches",
+           "resolve_layout", "validate"]
 
 _DEVICE = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
 
@@ -145,6 +146,17 @@ def pipeline_microbatches(cfg: Config, data_parallel: int) -> int:
     return cfg.parallel.pipeline_microbatches or samples // cfg.train.micro_batch_size
 
 
+def check_step_microbatches(count: int, samples: int) -> None:
+    """A step's ``samples`` per dp rank split into ``count`` micro-batches: the configured
+    count, checked once here, and each step's under a batch-size ramp-up (the pipelined step
+    runner). Steps that miss the schedule's own rules run the GPipe order instead
+    (``PipelineStages.schedule_kind``)."""
+    if samples % count:
+        raise UserError(f"parallel.pipeline_microbatches {count}: does not divide the "
+                        f"{samples} samples per data-parallel rank of a step "
+                        "(train.global_batch_size / dp)")
+
+
 def _check_pipeline_microbatches(cfg: Config, data_parallel: int) -> None:
     """The configured micro-batch count divides a step's samples and suits the schedule.
     Steps of a batch-size ramp-up that miss the schedule's rules run the GPipe order instead
@@ -152,12 +164,8 @@ def _check_pipeline_microbatches(cfg: Config, data_parallel: int) -> None:
     count = pipeline_microbatches(cfg, data_parallel)
     if not count:
         return
-    samples = cfg.train.global_batch_size // data_parallel
+    check_step_microbatches(count, cfg.train.global_batch_size // data_parallel)
     pp, name = cfg.parallel.pipeline_parallel, cfg.parallel.pipeline_schedule
-    if samples % count:
-        raise UserError(f"parallel.pipeline_microbatches {count}: does not divide the "
-                        f"{samples} samples per data-parallel rank of a step "
-                        "(train.global_batch_size / dp)")
     if name == "1f1b" and count < pp:
         raise UserError(f"parallel.pipeline_schedule 1f1b needs at least "
                         f"parallel.pipeline_parallel = {pp} micro-batches per step, got "

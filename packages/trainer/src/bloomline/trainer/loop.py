@@ -43,7 +43,7 @@ from bloomline.trainer.parallel import build_mesh, init_distributed, world_info
 from bloomline.trainer.reporting.clock import now
 from bloomline.trainer.reporting.monitor import RunMonitor
 from bloomline.trainer.run_checkpoints import RunCheckpoints
-from bloomline.trainer.run_spec import RunSpec, settle
+from bloomline.trainer.run_spec import RunSpec, run_device, settle
 from bloomline.trainer.survival import faults
 from bloomline.trainer.survival.preemption import PREEMPTED_EXIT_CODE
 from bloomline.trainer.survival.rollback import Rollback, skips_in_force
@@ -56,15 +56,13 @@ __all__ = ["Trainer", "resolve_device"]
 
 
 def resolve_device(name: str, local_rank: int = 0) -> torch.device:
-    """cpu, cuda (this process's GPU: cuda:LOCAL_RANK, selected) or auto."""
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise UserError(f"train.device = {name!r}: CUDA is not available on this machine")
-    if name == "cuda":
+    """``train.device`` on this machine (``run_spec.run_device``), a GPU selected: ``cuda``
+    and ``auto`` on a CUDA machine become this process's ``cuda:LOCAL_RANK``."""
+    device = run_device(name)
+    if device.type == "cuda" and device.index is None:
         torch.cuda.set_device(local_rank)
         return torch.device("cuda", local_rank)
-    return torch.device(name)
+    return device
 
 
 class Trainer:

@@ -22,7 +22,7 @@ so that no other module checks torch's version.
   contiguous; from 2.13 on that check runs only under ``TORCH_DISTRIBUTED_DEBUG=DETAIL``
   (``PipelineStage._runtime_validate``). A micro-batch of the view ``tokens[:, :-1]`` has
   the row stride L + 1, so every pipelined step failed on 2.11 ("stride mismatch: expected
-  (L, 1) actual (L + 1, 1)"); ``Pipeline._run`` hands the schedule a contiguous copy, on
+  (L, 1) actual (L + 1, 1)"); ``PipelinedRunner._run`` hands the schedule a contiguous copy, on
   every version.
 """
 

@@ -51,29 +51,16 @@ from torch.distributed.pipelining import (
     ScheduleLoopedBFS,
 )
 
-from bloomline.common.errors import UserError
 from bloomline.trainer.parallel import parallelize
 from bloomline.trainer.parallel.partition import partition_layers
 
-__all__ = ["PipelineStages", "StageAction", "check_step_microbatches", "num_pipeline_stages",
-           "stage_view"]
+__all__ = ["PipelineStages", "StageAction", "num_pipeline_stages", "stage_view"]
 
 
 def num_pipeline_stages(cfg) -> int:
     p = cfg.parallel
     return p.pipeline_parallel * (p.virtual_stages if p.pipeline_schedule == "interleaved"
                                   else 1)
-
-
-def check_step_microbatches(count: int, samples: int) -> None:
-    """A step's ``samples`` per dp rank split into ``count`` micro-batches (the configured
-    count is checked once, by ``config_rules``; a ramped batch's steps here). Steps that
-    miss the schedule's own rules run the GPipe order instead
-    (``PipelineStages.schedule_kind``)."""
-    if samples % count:
-        raise UserError(f"parallel.pipeline_microbatches {count}: does not divide the "
-                        f"{samples} samples per data-parallel rank of a step "
-                        "(train.global_batch_size / dp)")
 
 
 class StageAction(NamedTuple):

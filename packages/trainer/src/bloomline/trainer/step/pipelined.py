@@ -20,11 +20,8 @@ from contextlib import nullcontext
 import torch
 import torch.distributed as dist
 
-from bloomline.trainer.parallel.pipeline import (
-    PipelineStages,
-    StageAction,
-    check_step_microbatches,
-)
+from bloomline.trainer.config_rules import check_step_microbatches
+from bloomline.trainer.parallel.pipeline import PipelineStages, StageAction
 from bloomline.trainer.reporting.metrics import activation_stats as read_activation_stats
 from bloomline.trainer.step.runner import StepRunner
 from bloomline.trainer.step.sample_forward import logits_loss
