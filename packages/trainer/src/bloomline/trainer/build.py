@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from bloomline.trainer.config_rules import pipeline_microbatches
+from bloomline.trainer.config_rules import pipeline_microbatches, uses_buffers_engine
 from bloomline.trainer.model import GPT, build_model
 from bloomline.trainer.optim import build_optimizer
 from bloomline.trainer.parallel import parallelize
@@ -90,7 +90,15 @@ def build_run(spec: RunSpec, mesh, device: torch.device, tensors: str = "real") 
         parallelize(model, mesh, layout, cfg)
         chunks, stage_layers, stage_ids = [model], [range(cfg.model.num_layers)], (0,)
     optimizer = build_optimizer(model, cfg.optimizer)
-    if layout.dp > 1 and cfg.parallel.zero_stage == 1:
+    if uses_buffers_engine(cfg, layout.dp):
+        from bloomline.trainer.parallel.distributed_optimizer import DistributedOptimizer
+
+        optimizer = DistributedOptimizer(optimizer, model, chunks, mesh,
+                                         cfg.parallel.bucket_size,
+                                         sharded_grads=cfg.parallel.zero_stage == 2,
+                                         device=device)
+        optimizer.to_compute_dtype(precision.dtype)
+    elif layout.dp > 1 and cfg.parallel.zero_stage == 1:
         from bloomline.trainer.parallel.data_parallel import shard_optimizer_state
 
         optimizer = shard_optimizer_state(optimizer, mesh["dp"])

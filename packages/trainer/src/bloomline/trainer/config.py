@@ -260,6 +260,16 @@ class ParallelConfig:
     A recipe for a cluster states it, and `trainer pretrain` refuses another world."""
     zero_stage: int = ranged(0, choices=(0, 1, 2, 3))
     """0: DDP; 1: optimizer state sharded over dp; 2: gradients too; 3: parameters too."""
+    zero_engine: str = ranged("auto", choices=("auto", "buffers", "fsdp2"))
+    """What implements ZeRO-1/2: buffers (Megatron's distributed optimizer: parameters in the
+    compute dtype used directly by the model, gradients accumulated in contiguous fp32
+    buffers, reduce-scattered once per step in buckets, the fp32 master and Adam's moments
+    sharded over dp, the updated parameters all-gathered) or fsdp2 (FSDP2's replicate /
+    fully_shard with fp32 parameters). auto: buffers for bf16 and fp32 runs at ZeRO-1/2 with
+    dp > 1, fsdp2 otherwise (ZeRO-0/3, fp16's loss scaling, offload)."""
+    bucket_size: int = ranged(40_000_000, ge=1)
+    """Elements per gradient bucket of the buffers engine (Megatron's --ddp-bucket-size):
+    each bucket is reduced by one reduce-scatter and gathered by one all-gather."""
     offload: bool = False
     """ZeRO-3 with parameters and optimizer state in CPU memory (FSDP2's CPUOffloadPolicy)."""
     sequence_parallel: bool = False

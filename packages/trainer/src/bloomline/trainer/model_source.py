@@ -163,5 +163,11 @@ def load_initial_weights(model, source: ModelSource, group=None) -> None:
     if missing:
         raise UserError(f"checkpoint.init_from {source.path}: no tensor for "
                         f"{', '.join(missing[:3])}")
+    from bloomline.trainer.parallel.distributed_optimizer import distributed_optimizer_of
+
+    engine = distributed_optimizer_of(model)
+    if engine is not None:  # the buffers engine: the fp32 masters take the source's values
+        engine.load_full(full, {param: name for name, param in model.named_parameters()})
+        return
     set_model_state_dict(model, {name: full[name] for name in wanted},
                          options=StateDictOptions(full_state_dict=True))

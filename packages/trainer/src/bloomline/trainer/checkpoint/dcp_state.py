@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import torch
 
-__all__ = ["dcp_quiet", "saved_state_dict", "state_dict_options"]
+__all__ = ["dcp_quiet", "model_state_target", "saved_state_dict", "state_dict_options"]
 
 # DCP warns on every call without a process group that it assumes a single process; that is
 # intended here. A process-wide filter for the async save, which calls DCP from a background
@@ -50,14 +50,40 @@ def saved_state_dict(model, optimizer) -> dict:
     1, and the first real update would use the second step's bias correction. That counter
     is set back to 0 (in the optimizer and in what is saved): a step that did not happen is
     never recorded."""
-    from torch.distributed.checkpoint.state_dict import get_state_dict
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, get_state_dict
 
     never_stepped = not optimizer.state
-    model_state, optim_state = get_state_dict(model, optimizer, options=state_dict_options())
+    if hasattr(optimizer, "master_state"):  # the buffers engine: its fp32 masters are saved
+        model_state = model_state_target(model)
+        optim_state = get_optimizer_state_dict(model, optimizer, options=state_dict_options())
+    else:
+        model_state, optim_state = get_state_dict(model, optimizer,
+                                                  options=state_dict_options())
     if never_stepped:
         for state in [*optimizer.state.values(), optim_state]:
             _zero_step_counters(state)
     return {"model": model_state, "optim": optim_state}
+
+
+def model_state_target(model) -> dict:
+    """The model's state as DCP saves and loads it (live tensors): on the buffers engine
+    (``parallel/distributed_optimizer.py``) the fp32 master pieces under the parameters'
+    names, not the compute-dtype parameters: the checkpoint keeps full precision and the
+    layout of the FSDP2 engine's checkpoints (fp32 tensors of the global shapes)."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    from bloomline.trainer.parallel.distributed_optimizer import distributed_optimizer_of
+
+    state = get_model_state_dict(model)
+    engine = distributed_optimizer_of(model)
+    if engine is not None:
+        names = {param: name for name, param in model.named_parameters()}
+        masters = engine.master_state(names)
+        unknown = set(masters) - set(state)
+        if unknown:  # the state dict renamed a parameter: DCP would save it twice
+            raise RuntimeError(f"parameter names outside the model's state dict: {unknown}")
+        state.update(masters)
+    return state
 
 
 def _zero_step_counters(state: dict) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 from bloomline.common.errors import UserError
 from bloomline.trainer.checkpoint.dcp_state import (
     dcp_quiet,
+    model_state_target,
     saved_state_dict,
     state_dict_options,
 )
@@ -39,10 +40,12 @@ def load_checkpoint(checkpoint: str | Path, model, optimizer=None, verified: boo
             it names a global outside DCP's classes (``TamperedCheckpointError``).
     """
     from torch.distributed.checkpoint.state_dict import (
-        get_model_state_dict,
         set_model_state_dict,
+        set_optimizer_state_dict,
         set_state_dict,
     )
+
+    from bloomline.trainer.parallel.distributed_optimizer import distributed_optimizer_of
 
     checkpoint = Path(checkpoint)
     if not verified:
@@ -51,17 +54,27 @@ def load_checkpoint(checkpoint: str | Path, model, optimizer=None, verified: boo
             more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
             raise UserError(f"{checkpoint}: damaged or incomplete checkpoint: {problems[0]}"
                             f"{more}; run `trainer verify-checkpoint {checkpoint}`")
+    engine = distributed_optimizer_of(model)  # the buffers engine loads into its masters
     if optimizer is None:
-        state = {"model": get_model_state_dict(model)}
+        state = {"model": model_state_target(model)}
     else:
         state = saved_state_dict(model, optimizer)
     with dcp_quiet():  # DCP's pickles read with DCP's classes only (metadata.py)
         dcp_load(state, checkpoint)
     trainer_state = json.loads((checkpoint / STATE_FILE).read_text())
-    if optimizer is None:
+    if engine is not None:
+        # the masters were loaded in place; the parameters are their compute-dtype copies
+        if optimizer is not None:
+            set_optimizer_state_dict(model, optimizer, state["optim"],
+                                     options=state_dict_options())
+        engine.publish()
+    elif optimizer is None:
         set_model_state_dict(model, state["model"])
         return trainer_state
-    set_state_dict(model, optimizer, model_state_dict=state["model"],
-                   optim_state_dict=state["optim"], options=state_dict_options())
+    else:
+        set_state_dict(model, optimizer, model_state_dict=state["model"],
+                       optim_state_dict=state["optim"], options=state_dict_options())
+    if optimizer is None:
+        return trainer_state
     set_rng_state(json.loads((checkpoint / RNG_FILE).read_text()))
     return trainer_state

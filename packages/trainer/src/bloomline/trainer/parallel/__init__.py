@@ -3,7 +3,8 @@
 ``parallelize(model, mesh, layout, cfg)`` applies, in this order (torchtitan's): tensor
 parallelism (DTensor, ``tensor_parallel.py``), activation checkpointing
 (``activation_checkpoint.py``), per-block compile, then data parallelism with the ZeRO stage
-(DDP / FSDP2, ``data_parallel.py``). Pipeline parallelism splits the model into stages first
+(DDP / FSDP2, ``data_parallel.py``; the buffers engine applies
+none: its optimizer, ``distributed_optimizer.py``, hooks the gradients). Pipeline parallelism splits the model into stages first
 and parallelizes each stage the same way (``pipeline.py``). ``mesh.py`` owns the device mesh
 ("pp", "dp", "tp"); the layout's rules live with the config's (``config_rules.py``). See
 README.md in this folder.
@@ -39,6 +40,10 @@ def parallelize(model, mesh, layout: Layout, cfg):
     if cfg.train.compile:
         for block in _blocks(model):
             block.compile()
+    from bloomline.trainer.config_rules import uses_buffers_engine  # it imports mesh.py
+
+    if uses_buffers_engine(cfg, layout.dp):
+        return model  # its optimizer holds the gradient buffers (build.py)
     if layout.dp > 1 or cfg.parallel.zero_stage > 0:
         from bloomline.trainer.parallel.data_parallel import apply_data_parallel
 

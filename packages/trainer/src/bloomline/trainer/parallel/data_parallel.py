@@ -74,7 +74,12 @@ _REDUCED_EVERY_MICRO_BATCH: weakref.WeakSet = weakref.WeakSet()
 def set_gradient_sync(model: nn.Module, enabled: bool) -> None:
     """Whether the next backward reduces gradients over dp (off for all but the last
     micro-batch of a step). A no-op for a model without data parallelism, and for ZeRO-2/3,
-    which reduce-scatter after every micro-batch to keep gradients sharded."""
+    which reduce-scatter after every micro-batch to keep gradients sharded. On the buffers
+    engine it tells the buckets to reduce as they complete (the last micro-batch)."""
+    from bloomline.trainer.parallel.grad_buffers import set_sync
+
+    if set_sync(model, enabled):  # the buffers engine (distributed_optimizer.py)
+        return
     setter = getattr(model, "set_requires_gradient_sync", None)  # FSDP2's (replicate, shard)
     if setter is not None and model not in _REDUCED_EVERY_MICRO_BATCH:
         setter(enabled)

@@ -12,6 +12,11 @@ step, which is each parameter's local shard (FSDP2's sharded gradient has the sh
 parameter's shape; a replicated one the whole parameter's). Optimizer state: every state
 tensor but scalars (Adam's step count is not a model state in the paper's count).
 
+The buffers engine (``distributed_optimizer.py``): gradients are its fp32 buckets (whole at
+ZeRO-1; at ZeRO-2 the shards, and a bucket's buffer while it exists), the optimizer state
+includes the fp32 master rows (none in an fp32 run: there the parameter is its own master
+and its rows are counted with the parameters, storage by storage).
+
 Host or device: a tensor in CPU memory while training runs on an accelerator is on the host;
 with ``parallel.offload`` every model state is (FSDP2's CPUOffloadPolicy keeps parameter
 shards, their gradients and the optimizer state there), which is how a CPU-only run, where
@@ -69,7 +74,16 @@ def model_state_bytes(model: nn.Module, optimizer=None, device: torch.device | s
     params = [p for p in model.parameters()]
     for param in params:
         counter.add("params", param)
-    for param in params:
+    buffers = getattr(optimizer, "buffers", None)  # the buffers engine's fp32 gradients
+    if buffers is not None:
+        for bucket in buffers.buckets:
+            for held in (bucket.buffer, bucket.shard):
+                if held is not None:
+                    counter.add("grads", held)
+        for group in optimizer.inner.param_groups:  # the fp32 masters (a view in fp32 runs)
+            for master in group["params"]:
+                counter.add("optim", master)
+    for param in params if buffers is None else ():
         if param.grad is not None:
             counter.add("grads", param.grad)
         elif param.requires_grad:

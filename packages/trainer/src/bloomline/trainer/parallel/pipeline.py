@@ -132,7 +132,12 @@ class _TiedEmbedding:
         """This rank's copy (read each time: parallelism replaces parameters by DTensors)."""
         return self.model.word_embeddings.weight if self.holds else None
 
-    def all_reduce_grad(self) -> None:
+    def all_reduce_grad(self, rows: torch.Tensor | None = None) -> None:
+        """Sum the two copies' gradients: ``rows`` (the buffers engine: this rank's owned
+        rows of the gradient, laid out alike on both stages) or the weight's ``.grad``."""
+        if rows is not None:
+            dist.all_reduce(rows, op=dist.ReduceOp.SUM, group=self.group)
+            return
         if self.weight is None or self.weight.grad is None:
             return
         weight, grad = self.weight, self.weight.grad

@@ -19,6 +19,7 @@ fake tensors under torch's memory tracker (``traced_step``), whose peak decides 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from dataclasses import asdict
 
@@ -26,6 +27,7 @@ from torch import device as torch_device
 
 from bloomline.common.errors import UserError
 from bloomline.trainer.plan.devices import DEVICES, Device, device
+from bloomline.trainer.config_rules import uses_buffers_engine
 from bloomline.trainer.plan.memory_formulas import (
     Layout,
     activation_memory,
@@ -88,6 +90,13 @@ def formula_layout(cfg, built: RankPlan, target: str = "cuda") -> Layout:
     resolve_dtype(precision, torch_device(target))
     activation_bytes = 4 if precision.dtype == "fp32" else 2
     kernel = resolve_kernel(model.attention, torch_device(target))
+    states = {}
+    if uses_buffers_engine(dataclasses.replace(cfg, precision=precision), built.dp):
+        # the distributed optimizer: compute-dtype parameters, fp32 gradient buffers, an fp32
+        # master (the parameter itself in fp32) and Adam's moments sharded over dp
+        states = {"param_bytes": 2 if precision.dtype == "bf16" else 4, "grad_bytes": 4,
+                  "optimizer_bytes": 12 if precision.dtype == "bf16" else 8,
+                  "fsdp_engine": False}
     return Layout(
         layers=model.num_layers, hidden=model.hidden_size, heads=model.num_heads,
         vocab=built.vocab_size, seq=cfg.data.seq_length, micro_batch=cfg.train.micro_batch_size,
@@ -97,7 +106,7 @@ def formula_layout(cfg, built: RankPlan, target: str = "cuda") -> Layout:
         ffn=model.ffn_hidden_size, stores_attention_scores=kernel == "eager",
         activation_bytes=activation_bytes,
         residual_bytes=4 if model.residual_fp32 else activation_bytes,
-        dropout=bool(model.hidden_dropout or model.attention_dropout))
+        dropout=bool(model.hidden_dropout or model.attention_dropout), **states)
 
 
 def activation_breakdown(layout: Layout, built: RankPlan) -> dict[str, float]:

@@ -25,12 +25,14 @@ def memory_bytes(device: torch.device) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def activation_stats(model, tp_mesh=None) -> dict[str, list[float]]:
+def activation_stats(model, tp_mesh=None, grad_of=None) -> dict[str, list[float]]:
     """Per-layer max |attention logit|, max |MLP output|, max |residual stream| of the last
     tracked forward, and per-layer gradient norms. Under tensor parallelism a block records
     its rank's heads and sequence shard; the maxima are taken over ``tp_mesh`` (the run's tp
     axis; None without tp), here rather than in the forward, which activation checkpointing
-    replays."""
+    replays. ``grad_of(param)``: where a parameter's gradient is (the buffers engine's
+    dp-sharded one; default its ``.grad``)."""
+    grad_of = grad_of or (lambda p: p.grad)
     readings: dict[str, list[float]] = {"max_attention_logit": [], "max_mlp_output": [],
                                         "max_residual": [], "grad_norm": []}
     for block in model.h.values():
@@ -38,8 +40,10 @@ def activation_stats(model, tp_mesh=None) -> dict[str, list[float]]:
         readings["max_attention_logit"].append(_max_over(attention.max_logit, tp_mesh))
         readings["max_mlp_output"].append(_max_over(block.max_mlp_output, tp_mesh))
         readings["max_residual"].append(_max_over(block.max_residual, tp_mesh))
-        squares = [p.grad.float().pow(2).sum() for p in block.parameters() if p.grad is not None]
-        # sharded gradients (tp, FSDP2) give partial sums: full_tensor() reduces them
+        grads = [grad_of(p) for p in block.parameters()]
+        squares = [g.float().pow(2).sum() for g in grads if g is not None]
+        # sharded gradients (tp, FSDP2, the buffers engine) give partial sums: full_tensor()
+        # reduces them
         squares = [s.full_tensor() if isinstance(s, DTensor) else s for s in squares]
         readings["grad_norm"].append(math.sqrt(float(sum(squares))) if squares else 0.0)
     return readings

@@ -142,7 +142,12 @@ class PipelinedRunner(StepRunner):
         return loss, totals
 
     def reduce_gradients(self) -> None:
-        self.stages.tied.all_reduce_grad()
+        tied = self.stages.tied
+        if self.distributed is not None and tied.weight is not None:
+            # the buffers engine: each stage's owned rows, reduced over dp already
+            tied.all_reduce_grad(self.distributed.shard_grad(tied.weight))
+        else:
+            tied.all_reduce_grad()
 
     def unscale(self) -> None:
         """fp16: unscale, then share the inf/NaN finding of every stage with every rank, so
@@ -191,6 +196,9 @@ class PipelinedRunner(StepRunner):
         from torch.distributed.tensor import DTensor
 
         tied = self.stages.tied
+        if self.distributed is not None:
+            return self.distributed.clip_grad_norm(
+                max_norm, leave_out=[tied.weight] if tied.is_copy else [])
         params = [p for p in self.model.parameters() if p.grad is not None]
         counted = [p for p in params if not (tied.is_copy and p is tied.weight)]
         square = torch.zeros((), device=self.device)
@@ -208,13 +216,7 @@ class PipelinedRunner(StepRunner):
     def full_model_state(self) -> dict[str, torch.Tensor]:
         """Each stage's full (gathered over tp/dp) state, exchanged over pp. The tied weight
         is held by the first and the last stage alike; it appears once."""
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            get_model_state_dict,
-        )
-
-        state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True))
-        state = {name: value.detach().cpu() for name, value in state.items()}
+        state = self.local_full_state()
         gathered: list = [None] * self.layout.pp
         dist.all_gather_object(gathered, state, group=self.stages.pp_group)
         merged: dict[str, torch.Tensor] = {}
@@ -225,7 +227,8 @@ class PipelinedRunner(StepRunner):
 
     def activation_stats(self) -> dict[str, list[float]]:
         """Per-layer activation stats of all stages, in layer order, on every rank."""
-        readings = read_activation_stats(self.model, self.tp_mesh)
+        grad_of = self.distributed.grad_of if self.distributed is not None else None
+        readings = read_activation_stats(self.model, self.tp_mesh, grad_of)
         mine = {int(name): {key: values[i] for key, values in readings.items()}
                 for i, name in enumerate(self.model.h.keys())}
         gathered: list = [None] * self.layout.pp

@@ -70,6 +70,8 @@ class PlainRunner(StepRunner):
                             self.loss_fn, per_sample)
 
     def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
+        if self.distributed is not None:
+            return self.distributed.clip_grad_norm(max_norm)
         return clip_grad_norm(self.model.parameters(), max_norm)
 
     @torch.no_grad()
@@ -83,13 +85,10 @@ class PlainRunner(StepRunner):
         return batched_sample_losses(forward, samples, self.micro_batch_size)
 
     def full_model_state(self) -> dict[str, torch.Tensor]:
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            get_model_state_dict,
-        )
-
-        state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True))
-        return {name: value.detach().cpu() for name, value in state.items()}
+        return self.local_full_state()
 
     def activation_stats(self) -> dict[str, list[float]]:
-        return read_activation_stats(self.model, self.tp_mesh)
+        return read_activation_stats(self.model, self.tp_mesh, self._grad_of())
+
+    def _grad_of(self):
+        return self.distributed.grad_of if self.distributed is not None else None

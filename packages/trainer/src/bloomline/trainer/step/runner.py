@@ -32,6 +32,10 @@ class StepRunner(ABC):
                  micro_batch_size: int) -> None:
         self.model, self.optimizer, self.precision = model, optimizer, precision
         self.clip_grad, self.micro_batch_size = clip_grad, micro_batch_size
+        # the buffers engine's optimizer (parallel/distributed_optimizer.py): it holds the
+        # gradients (reduced, clipped and stepped as this rank's owned rows); None: the
+        # gradients are the parameters' ``.grad``
+        self.distributed = optimizer if hasattr(optimizer, "reduce_gradients") else None
 
     def train_step(self, micro_batches: list[torch.Tensor], lr: float,
                    activation_stats: bool = False, sources: torch.Tensor | None = None,
@@ -46,6 +50,8 @@ class StepRunner(ABC):
         set_learning_rate(self.optimizer, lr)
         loss, totals = self.forward_backward(micro_batches, activation_stats, sources,
                                              num_sources)
+        if self.distributed is not None:
+            self.distributed.reduce_gradients()  # data parallelism's, on the buffers engine
         self.reduce_gradients()
         if self.precision.scaler is not None:
             self.unscale()
@@ -78,6 +84,21 @@ class StepRunner(ABC):
         """Each sample's mean loss ([len(samples)] fp32 on CPU, on every rank), forward only
         in micro-batches of ``train.micro_batch_size``. Collective: every rank evaluates every
         sample (FSDP's gathers need all dp ranks in each forward)."""
+
+    def local_full_state(self) -> dict[str, torch.Tensor]:
+        """This rank's modules' parameters whole (gathered over tp/dp), plain CPU tensors
+        under the single-process names: the fp32 masters on the buffers engine."""
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+        )
+
+        state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True))
+        state = {name: value.detach().cpu() for name, value in state.items()}
+        if self.distributed is not None:
+            names = {param: name for name, param in self.model.named_parameters()}
+            state.update(self.distributed.full_master(names))
+        return state
 
     @abstractmethod
     def full_model_state(self) -> dict[str, torch.Tensor]:

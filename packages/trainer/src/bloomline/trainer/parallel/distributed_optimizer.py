@@ -1,0 +1,254 @@
+"""ZeRO-1/2 as Megatron's distributed optimizer (the BF16Optimizer BLOOM trained with): the
+model computes with its parameters in the compute dtype (bf16), gradients accumulate in fp32
+buffers (``grad_buffers.py``), and each rank keeps the fp32 master copy and Adam's moments of
+the rows it owns only.
+
+Per parameter and rank, at dp ranks: bf16 parameters 2 bytes, the fp32 gradient buffer 4
+(ZeRO-2: 4/dp), the fp32 master 4/dp and Adam's m and v 8/dp: 6 + 12/dp bytes (ZeRO-2:
+2 + 16/dp), where the FSDP2 engine holds 4 + 4 (its working copy) + 4 + 8/dp. In an fp32 run
+the parameter is its own master (the owned rows are stepped in place): 8 + 8/dp.
+
+A step: ``reduce_gradients()`` (the buckets' reduce-scatter, averaged over dp), the runner's
+own reductions on the owned rows (the tied embedding under pp), ``clip_grad_norm`` over the
+owned rows (one all-reduce of the squared norm over the whole world), ``step()`` (Adam on the
+master pieces, then the master rows cast into the parameters and all-gathered bucket by
+bucket).
+
+The pieces are DTensors of the parameter's global shape, sharded over dp by rows (and over tp
+as the parameter is), so ``state_dict()`` (Adam's moments) and ``master_state()`` (the fp32
+weights, saved under the model's names) are what DCP saves and reshards; a checkpoint of the
+FSDP2 engine loads here and back. ``param_groups`` hold the model's parameters (the trainer
+sets ``lr`` on them; DCP maps them to names).
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from bloomline.trainer.parallel.grad_buffers import GradBuffers
+
+__all__ = ["DistributedOptimizer", "distributed_optimizer_of"]
+
+_OPTIMIZERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def distributed_optimizer_of(model) -> DistributedOptimizer | None:
+    """The distributed optimizer stepping ``model`` (None: another engine)."""
+    return _OPTIMIZERS.get(model)
+
+
+def _piece_layout(param: torch.Tensor, mesh, dp_rank: int):
+    """The mesh and placements of this rank's rows of ``param`` as a DTensor: dp shards
+    dim 0 of the local tensor (``_StridedShard`` where tp already splits dim 0, FSDP2's
+    layout for tp + dp), other axes as the parameter has them."""
+    from torch.distributed.tensor import DTensor, Shard
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    if not isinstance(param, DTensor):
+        return mesh["dp"], (Shard(0),)
+    names = param.device_mesh.mesh_dim_names
+    if names != ("tp",):
+        raise ValueError(f"parameter on mesh {names}: the buffers engine expects plain or "
+                         "tensor-parallel parameters")
+    (tp_placement,) = param.placements
+    split = param.device_mesh.size() if (isinstance(tp_placement, Shard)
+                                        and tp_placement.dim == 0) else 1
+    dp_placement = _StridedShard(0, split_factor=split) if split > 1 else Shard(0)
+    return mesh["dp", "tp"], (dp_placement, tp_placement)
+
+
+class _Piece:
+    """One parameter's owned rows: ``master`` (an fp32 DTensor parameter the inner optimizer
+    steps: a copy for a low-precision model, a view of the parameter's rows in fp32) whose
+    ``grad`` is a view of the reduced gradient buffer; ``replicas`` how many ranks beside dp
+    hold the same rows (tp-replicated parameters: their norm is counted once)."""
+
+    def __init__(self, param, buffers: GradBuffers, mesh, dp_rank: int) -> None:
+        from torch.distributed.tensor import DTensor, Replicate
+
+        self.param = param
+        local = param.to_local() if isinstance(param, DTensor) else param
+        bucket, region = buffers.region(param)
+        first, count = region.owned[dp_rank]
+        rows = local.detach().reshape(region.rows, -1).narrow(0, first, count).view(
+            count, *region.shape[1:])
+        owned = rows if local.dtype == torch.float32 else rows.float()
+        piece_mesh, placements = _piece_layout(param, mesh, dp_rank)
+        self.mesh, self.placements = piece_mesh, placements
+        self.master = nn.Parameter(self._dtensor(owned))
+        self.master.grad = self._dtensor(buffers.shard_grad(param))
+        self.replicas = 1
+        if isinstance(param, DTensor) and isinstance(param.placements[0], Replicate):
+            self.replicas = param.device_mesh.size()
+
+    def _dtensor(self, local: torch.Tensor):
+        from torch.distributed.tensor import DTensor
+
+        return DTensor.from_local(local, self.mesh, self.placements,
+                                  shape=self.param.shape, stride=self.param.stride(),
+                                  run_check=False)
+
+    @property
+    def local(self) -> torch.Tensor:
+        return self.master.to_local()
+
+    @property
+    def grad_local(self) -> torch.Tensor:
+        return self.master.grad.to_local()
+
+
+class DistributedOptimizer(torch.optim.Optimizer):
+    """``optimizer`` (built over ``model``'s parameters) stepping this rank's fp32 pieces of
+    them, with the gradients in ``GradBuffers`` over ``mesh["dp"]``. ``chunks``: the modules
+    the rank runs (the model, or its pipeline stages). ``sharded_grads``: ZeRO-2."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, model: nn.Module, chunks, mesh,
+                 bucket_size: int, sharded_grads: bool, device: torch.device) -> None:
+        dp_mesh = mesh["dp"]
+        self.dp_group = dp_mesh.get_group()
+        self.dp, self.dp_rank = dp_mesh.size(), dp_mesh.get_local_rank()
+        self.model, self.inner = model, optimizer
+        self.buffers = GradBuffers(model, chunks, self.dp_group, self.dp, self.dp_rank,
+                                   bucket_size, sharded_grads, device)
+        self._pieces: dict[torch.Tensor, _Piece] = {}
+        groups = []
+        for group in optimizer.param_groups:
+            pieces = [_Piece(p, self.buffers, mesh, self.dp_rank) for p in group["params"]]
+            self._pieces.update((piece.param, piece) for piece in pieces)
+            groups.append({**group, "params": [piece.param for piece in pieces]})
+            group["params"] = [piece.master for piece in pieces]
+        super().__init__(groups, optimizer.defaults)
+        _OPTIMIZERS[model] = self
+
+    def to_compute_dtype(self, dtype: torch.dtype) -> None:
+        """Cast the model's parameters to ``dtype`` (bf16: what the model computes with; the
+        fp32 values stay in the master pieces, copied at construction)."""
+        for param in self._pieces:
+            if param.dtype != dtype:
+                param.data = param.data.to(dtype)
+
+    # -- what DCP and the trainer read ---------------------------------------------------------
+    @property
+    def state(self):
+        """The inner state under the model's parameters (read by DCP's state-dict code)."""
+        return {param: self.inner.state[piece.master] for param, piece in self._pieces.items()
+                if piece.master in self.inner.state}
+
+    @state.setter
+    def state(self, value) -> None:  # Optimizer.__init__ assigns an empty one; ours is derived
+        pass
+
+    def _push_hyperparameters(self) -> None:
+        for outer, inner in zip(self.param_groups, self.inner.param_groups, strict=True):
+            inner.update({k: v for k, v in outer.items() if k != "params"})
+
+    def state_dict(self) -> dict:
+        """The inner optimizer's: entries numbered in the order of ``param_groups`` (the
+        model's parameters), values dp-sharded DTensors."""
+        self._push_hyperparameters()
+        return self.inner.state_dict()
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.inner.load_state_dict(state_dict)
+        for outer, inner in zip(self.param_groups, self.inner.param_groups, strict=True):
+            outer.update({k: v for k, v in inner.items() if k != "params"})
+
+    def master_state(self, names: dict[torch.Tensor, str]) -> dict[str, torch.Tensor]:
+        """The fp32 weights by parameter name (``names``: parameter -> name), as dp-sharded
+        DTensors: what a checkpoint saves and loads as the model."""
+        return {names[param]: piece.master for param, piece in self._pieces.items()}
+
+    def full_master(self, names: dict[torch.Tensor, str]) -> dict[str, torch.Tensor]:
+        """Every fp32 weight whole, on every rank (gathers: tests and small models)."""
+        return {names[param]: piece.master.detach().full_tensor().cpu()
+                for param, piece in self._pieces.items()}
+
+    def load_full(self, full: dict[str, torch.Tensor], names: dict[torch.Tensor, str]) -> None:
+        """Set the weights from whole tensors (every rank has them: an imported model): each
+        rank takes its tp shard into the parameter and its rows into the master."""
+        from torch.distributed.tensor import DTensor, Shard
+
+        with torch.no_grad():
+            for param, piece in self._pieces.items():
+                value = full[names[param]]
+                if isinstance(param, DTensor):
+                    (placement,) = param.placements
+                    if isinstance(placement, Shard):
+                        mesh = param.device_mesh
+                        value = torch.chunk(value, mesh.size(), dim=placement.dim)[
+                            mesh.get_local_rank()]
+                local = param.to_local() if isinstance(param, DTensor) else param
+                local.copy_(value)
+                _, region = self.buffers.region(param)
+                first, count = region.owned[self.dp_rank]
+                if piece.local.data_ptr() != local.data_ptr() or local.dtype != torch.float32:
+                    piece.local.copy_(value.reshape(region.rows, -1).narrow(0, first, count)
+                                      .view_as(piece.local))
+
+    def publish(self) -> None:
+        """Copy the masters into the parameters (in their dtype) on every dp rank: after a
+        step and after the masters were loaded."""
+        pieces = {piece.param: piece for piece in self._pieces.values()}
+
+        def fill(region, rows: torch.Tensor) -> None:
+            rows.copy_(pieces[region.param].local)
+
+        with torch.no_grad():
+            self.buffers.gather(fill)
+
+    # -- the step ------------------------------------------------------------------------------
+    def reduce_gradients(self) -> None:
+        self.buffers.reduce()
+
+    def shard_grad(self, param: torch.Tensor) -> torch.Tensor:
+        """This rank's rows of ``param``'s reduced gradient (a view)."""
+        return self.buffers.shard_grad(param)
+
+    def grad_of(self, param: torch.Tensor):
+        """``param``'s reduced gradient as a dp-sharded DTensor (norms per layer)."""
+        return self._pieces[param].master.grad
+
+    def clip_grad_norm(self, max_norm: float, leave_out=()) -> torch.Tensor:
+        """The whole model's gradient norm from every rank's owned rows (summed over the
+        world: dp and tp shards, pipeline stages; ``leave_out``: parameters counted elsewhere,
+        the tied copy), then every owned row scaled as ``clip_grads_with_norm_`` does."""
+        skip = {id(p) for p in leave_out}
+        grads, weights = [], []
+        for param, piece in self._pieces.items():
+            if id(param) not in skip and piece.grad_local.numel():
+                grads.append(piece.grad_local)
+                weights.append(1.0 / piece.replicas)
+        device = next(iter(self._pieces.values())).grad_local.device
+        square = torch.zeros((), dtype=torch.float32, device=device)
+        if grads:
+            norms = torch._foreach_norm(grads, 2.0)
+            square = square + sum(w * n.float() ** 2 for w, n in zip(weights, norms, strict=True))
+        if dist.is_initialized():
+            dist.all_reduce(square, op=dist.ReduceOp.SUM)
+        total = square.sqrt()
+        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        every = [piece.grad_local for piece in self._pieces.values() if piece.grad_local.numel()]
+        if every:
+            torch._foreach_mul_(every, coef)
+        return total
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = closure() if closure is not None else None
+        self._push_hyperparameters()
+        self.inner.step()
+        self.publish()
+        return loss
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.buffers.zero()
+        for param in self._pieces:
+            param.grad = None  # DCP's state initialization sets zeros here
+
+    def __repr__(self) -> str:
+        return f"DistributedOptimizer(dp={self.dp}, {self.inner!r})"
+
