@@ -36,8 +36,13 @@ from equivalence import (
 
 from bloomline.trainer.parallel.local_processes import run_distributed
 
+# zero1/zero2 run on the buffers engine (the default for fp32 and bf16 at ZeRO-1/2), the
+# -fsdp2 cases on FSDP2's (the engine fp16 and ZeRO-0/3 use)
 STAGES = {"zero0": {"zero_stage": 0}, "zero1": {"zero_stage": 1}, "zero2": {"zero_stage": 2},
+          "zero1-fsdp2": {"zero_stage": 1, "zero_engine": "fsdp2"},
+          "zero2-fsdp2": {"zero_stage": 2, "zero_engine": "fsdp2"},
           "zero3": {"zero_stage": 3}, "offload": {"zero_stage": 3, "offload": True}}
+BUFFERS = ("zero1", "zero2")
 CLIP = 0.5  # the tiny model's gradient norms are ~0.9: every step clips
 HEADS = equivalence_config().model.num_heads
 DP = 2
@@ -72,8 +77,11 @@ def _local_bytes(tensor: torch.Tensor) -> int:
     return local.numel() * local.element_size()
 
 
-def _zero_formula(num_params: int, stage: int, dp: int, offload: bool) -> dict:
-    """The planner's ZeRO formula under memory.py's keys: offload puts it all on the host."""
+def _zero_formula(num_params: int, stage: int, dp: int, offload: bool,
+                  buffers: bool = False) -> dict:
+    """The planner's ZeRO formula under memory.py's keys: offload puts it all on the host.
+    The buffers engine in fp32 holds the same kinds (fp32 parameters that are their own
+    master, fp32 gradient buffers, Adam's moments over dp): the formula's defaults."""
     from bloomline.trainer.plan.memory_formulas import zero_model_states
 
     states = zero_model_states(num_params, stage, dp)
@@ -83,14 +91,15 @@ def _zero_formula(num_params: int, stage: int, dp: int, offload: bool) -> dict:
             **{f"{name}_{other}": 0.0 for name in short.values()}}
 
 
-def _memory_case(parallel: dict) -> dict:
+def _memory_case(parallel: dict, **sections) -> dict:
     """Model-state bytes at the end of forward, at the optimizer step and between steps, the
     formula, and the log record's figures."""
     from bloomline.trainer.loop import Trainer
     from bloomline.trainer.parallel.memory import model_state_bytes
     from bloomline.trainer.reporting.monitor import Window
 
-    trainer = Trainer(equivalence_config(**_sections(parallel=parallel)), log=lambda *_: None)
+    trainer = Trainer(equivalence_config(**_sections(parallel=parallel, **sections)),
+                      log=lambda *_: None)
     offload = trainer.cfg.parallel.offload
     seen = {}
 
@@ -108,6 +117,12 @@ def _memory_case(parallel: dict) -> dict:
         if len(calls) == 2:
             grads = [p.grad for p in trainer.model.parameters() if p.grad is not None]
             seen["reduced_early"] = sum(_local_bytes(g) for g in grads)
+            buffers = getattr(trainer.optimizer, "buffers", None)
+            if buffers is not None:  # the buffers engine: unreduced buckets, reduced shards
+                seen["held_early"] = {
+                    "unreduced": sum(_local_bytes(b.buffer) for b in buffers.buckets
+                                     if b.buffer is not None),
+                    "shards_nonzero": all(bool(b.shard.abs().sum()) for b in buffers.buckets)}
 
     # prepended: before FSDP2's own pre-forward registers the unsharded parameters
     trainer.model.register_forward_pre_hook(before_forward, prepend=True)
@@ -128,15 +143,17 @@ def _memory_case(parallel: dict) -> dict:
     return seen
 
 
-def _resume_case(parallel: dict, run_dir: str) -> dict:
-    """3 steps, save, a new Trainer resumes, 2 more steps."""
+def _resume_case(parallel: dict, run_dir: str, saved_by: dict | None = None) -> dict:
+    """3 steps, save, a new Trainer resumes, 2 more steps. ``saved_by``: the first 3 steps
+    and the save in another layout (another ZeRO engine)."""
     import torch.distributed as dist
 
     from bloomline.trainer.loop import Trainer
 
     cfg = lambda: equivalence_config(run_dir, **_sections(parallel=parallel))  # noqa: E731
     batches = _batches(5)
-    first = Trainer(cfg(), log=lambda *_: None)
+    first = Trainer(equivalence_config(run_dir, **_sections(parallel=saved_by or parallel)),
+                    log=lambda *_: None)
     losses = _train(first, batches[:3])
     first.state.step = 3
     first.save()
@@ -201,10 +218,22 @@ def _all_cases(run_dir: str) -> dict:
     return {"stages": {name: run_steps(_sections(parallel=parallel))
                        for name, parallel in STAGES.items()},
             "memory": {name: _memory_case(parallel) for name, parallel in STAGES.items()},
-            "resume": {name: _resume_case(STAGES[name], f"{run_dir}/{name}")
-                       for name in ("zero1", "zero3")},
+            "memory_bf16": {name: _memory_case(STAGES[name], precision={"dtype": "bf16"})
+                            for name in BUFFERS},
+            "resume": {**{name: _resume_case(STAGES[name], f"{run_dir}/{name}")
+                          for name in ("zero1", "zero2", "zero3")},
+                       # a checkpoint of the previous ZeRO-1 (FSDP2) resumed on the buffers
+                       # engine, and back
+                       "fsdp2-to-buffers": _resume_case(STAGES["zero1"], f"{run_dir}/f2b",
+                                                        saved_by=STAGES["zero1-fsdp2"]),
+                       "buffers-to-fsdp2": _resume_case(STAGES["zero1-fsdp2"],
+                                                        f"{run_dir}/b2f",
+                                                        saved_by=STAGES["zero1"])},
             "bf16": _bf16_case(),
-            "nan": {name: _nan_case(STAGES[name]) for name in ("zero1", "zero3")}}
+            "nan": {name: _nan_case(STAGES[name]) for name in ("zero1", "zero2", "zero3")},
+            "bf16_buffers": {name: run_steps(_sections(parallel=STAGES[name],
+                                                       precision={"dtype": "bf16"}))
+                             for name in ("zero1", "zero1-fsdp2")}}
 
 
 # -- the tests --------------------------------------------------------------------------------
@@ -273,7 +302,8 @@ def test_model_state_memory_matches_zero_formula(runs, stage):
                 key, want = f"{kind}_{place}", formula[f"{kind}_{place}"]
                 if kind == "params":
                     assert seen["forward"][key] == want, (key, seen["forward"])
-                    at_rest = want / DP if stage == "zero2" else want
+                    # FSDP2 reshards after backward; the buffers engine keeps whole parameters
+                    at_rest = want / DP if stage == "zero2-fsdp2" else want
                     assert seen["rest"][key] == at_rest, (key, seen["rest"])
                 elif kind == "grads":
                     assert seen["step"][key] == want, (key, seen["step"])  # as reduced
@@ -286,22 +316,56 @@ def test_model_state_memory_matches_zero_formula(runs, stage):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("stage", BUFFERS)
+def test_bf16_buffers_engine_holds_megatron_bytes_per_parameter(runs, stage):
+    """Bug: the bf16 model keeps fp32 parameters (or a second copy), the gradients are held
+    twice (``.grad`` beside the buffer) or in bf16, or the master is not sharded: per rank,
+    Megatron's distributed optimizer holds 2 bytes of bf16 parameters, 4 of fp32 gradient
+    buffer (4/dp at ZeRO-2) and 12/dp of fp32 master + Adam's moments per parameter, at the
+    step and between steps."""
+    from bloomline.trainer.plan.memory_formulas import zero_model_states
+
+    for rank_result in runs:
+        seen = rank_result["memory_bf16"][stage]
+        psi = seen["formula"]["params_device"] / 4  # the fp32 formula's 4 bytes x Ψ
+        want = zero_model_states(psi, int(stage[-1]), DP, param_bytes=2, grad_bytes=4,
+                                 optimizer_bytes=12)
+        for when in ("step", "rest"):
+            assert seen[when]["params_device"] == want["parameters"], (when, seen[when])
+            assert seen[when]["grads_device"] == want["gradients"], (when, seen[when])
+            assert seen[when]["optim_device"] == want["optimizer"], (when, seen[when])
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("stage", list(STAGES))
 def test_gradients_reduced_once_per_step_or_kept_sharded(runs, stage):
     """Bug: stages 0-1 all-reduce after every micro-batch (dp x the traffic), or stages 2-3
     skip the reduce-scatter on the accumulated micro-batches (FSDP2's no-sync mode), holding
     the whole unsharded gradient until the last one: before the second micro-batch, stages
-    0-1 must hold no reduced gradient yet, stages 2-3 their gradient shards (4 bytes x Ψ/dp)."""
+    0-1 must hold no reduced gradient yet, stages 2-3 their gradient shards (4 bytes x Ψ/dp).
+    On the buffers engine, a parameter's ``.grad`` kept beside the buffer (gradients held
+    twice), or a ZeRO-2 bucket kept after its reduction."""
     for rank_result in runs:
         seen = rank_result["memory"][stage]
         formula = seen["formula"]
-        want = 0 if stage in ("zero0", "zero1") else formula["grads_device"] + \
+        if stage in BUFFERS:
+            # the hooks moved every gradient into the buckets: no parameter holds one; ZeRO-1
+            # keeps its whole fp32 buffer unreduced, ZeRO-2 reduced it into its shards and
+            # freed it
+            held = seen["held_early"]
+            assert seen["reduced_early"] == 0
+            if stage == "zero1":
+                assert held["unreduced"] == formula["grads_device"]
+            else:
+                assert held == {"unreduced": 0, "shards_nonzero": True}
+            continue
+        want = 0 if stage in ("zero0", "zero1-fsdp2") else formula["grads_device"] + \
             formula["grads_host"]
         assert seen["reduced_early"] == want
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stage", ["zero1", "zero3"])
+@pytest.mark.parametrize("stage", ["zero1", "zero2", "zero3"])
 def test_checkpoint_resume_equals_straight_run(runs, stage):
     """Bug: the ZeRO-1 optimizer state (our own sharding) or FSDP2's sharded state is not
     saved or not loaded back (DCP sees no sharded state, names differ, the inner state is not
@@ -311,6 +375,24 @@ def test_checkpoint_resume_equals_straight_run(runs, stage):
         assert resumed["losses"] == straight["losses"]
         for name, want in straight["params"].items():
             assert torch.equal(resumed["params"][name], want), name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("direction", ["fsdp2-to-buffers", "buffers-to-fsdp2"])
+def test_checkpoint_of_the_other_zero_engine_resumes(runs, direction):
+    """Bug: the buffers engine saves its state under other names or shapes than the FSDP2
+    engine (bf16 parameters instead of the fp32 masters, flat shards DCP cannot reshard), so a
+    run's checkpoints stop loading when the engine changes: saved by one engine, resumed by
+    the other, the next losses must equal a run that never stopped (1e-6 relative, fp32) and
+    the parameters the straight run's within the parity tolerance."""
+    for rank_result in runs:
+        straight = rank_result["stages"]["zero1"]
+        resumed = rank_result["resume"][direction]
+        for want, got in zip(straight["losses"], resumed["losses"], strict=True):
+            assert abs(got - want) <= 1e-6 * abs(want), (direction, got, want)
+        for name, want in straight["params"].items():
+            error = (resumed["params"][name] - want).abs().max().item()
+            assert error <= LR / 10, (name, error)
 
 
 @pytest.mark.slow
@@ -330,7 +412,22 @@ def test_bf16_zero3_keeps_fp32_gradients_and_matches_one_process(runs):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stage", ["zero1", "zero3"])
+def test_bf16_buffers_engine_follows_one_process(runs):
+    """Bug: the buffers engine accumulates or reduces bf16 gradients in bf16, steps a bf16
+    master, or gathers stale parameters: its bf16 losses must follow one bf16 process's as
+    closely as the FSDP2 engine's do. Its parameters are bf16 where the one process computes
+    from fp32 weights under autocast (the LayerNorms and biases see bf16-rounded values), so
+    the bound is 5e-4 relative (seen: 1.3e-4; one bf16 ulp is 4e-3)."""
+    reference = run_steps(_sections(precision={"dtype": "bf16"}))
+    for rank_result in runs:
+        for name in ("zero1", "zero1-fsdp2"):
+            losses = rank_result["bf16_buffers"][name]["losses"]
+            for want, got in zip(reference["losses"], losses, strict=True):
+                assert abs(got - want) <= 5e-4 * want, (name, got, want)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", ["zero1", "zero2", "zero3"])
 def test_non_finite_step_is_skipped_on_every_rank(runs, stage):
     """Bug: one rank's NaN is seen by that rank only, so it skips the step while the other
     steps (replicas diverge, or FSDP2's collectives stop matching)."""
