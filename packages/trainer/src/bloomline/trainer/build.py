@@ -96,8 +96,7 @@ def build_run(spec: RunSpec, mesh, device: torch.device, tensors: str = "real") 
         optimizer = DistributedOptimizer(optimizer, model, chunks, mesh,
                                          cfg.parallel.bucket_size,
                                          sharded_grads=cfg.parallel.zero_stage == 2,
-                                         device=device)
-        optimizer.to_compute_dtype(precision.dtype)
+                                         device=device, compute_dtype=precision.dtype)
     elif layout.dp > 1 and cfg.parallel.zero_stage == 1:
         from bloomline.trainer.parallel.data_parallel import shard_optimizer_state
 

@@ -67,7 +67,8 @@ class _Piece:
     ``grad`` is a view of the reduced gradient buffer; ``replicas`` how many ranks beside dp
     hold the same rows (tp-replicated parameters: their norm is counted once)."""
 
-    def __init__(self, param, buffers: GradBuffers, mesh, dp_rank: int) -> None:
+    def __init__(self, param, buffers: GradBuffers, mesh, dp_rank: int,
+                 compute_dtype: torch.dtype) -> None:
         from torch.distributed.tensor import DTensor, Replicate
 
         self.param = param
@@ -76,7 +77,8 @@ class _Piece:
         first, count = region.owned[dp_rank]
         rows = local.detach().reshape(region.rows, -1).narrow(0, first, count).view(
             count, *region.shape[1:])
-        owned = rows if local.dtype == torch.float32 else rows.float()
+        # an fp32 model steps its own rows; otherwise a copy, made before the cast to bf16
+        owned = rows if compute_dtype == torch.float32 else rows.float().clone()
         piece_mesh, placements = _piece_layout(param, mesh, dp_rank)
         self.mesh, self.placements = piece_mesh, placements
         self.master = nn.Parameter(self._dtensor(owned))
@@ -104,10 +106,13 @@ class _Piece:
 class DistributedOptimizer(torch.optim.Optimizer):
     """``optimizer`` (built over ``model``'s parameters) stepping this rank's fp32 pieces of
     them, with the gradients in ``GradBuffers`` over ``mesh["dp"]``. ``chunks``: the modules
-    the rank runs (the model, or its pipeline stages). ``sharded_grads``: ZeRO-2."""
+    the rank runs (the model, or its pipeline stages). ``sharded_grads``: ZeRO-2.
+    ``compute_dtype``: the parameters' dtype from here on (the model is cast to it after the
+    fp32 masters are taken from it)."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, model: nn.Module, chunks, mesh,
-                 bucket_size: int, sharded_grads: bool, device: torch.device) -> None:
+                 bucket_size: int, sharded_grads: bool, device: torch.device,
+                 compute_dtype: torch.dtype) -> None:
         dp_mesh = mesh["dp"]
         self.dp_group = dp_mesh.get_group()
         self.dp, self.dp_rank = dp_mesh.size(), dp_mesh.get_local_rank()
@@ -117,19 +122,16 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._pieces: dict[torch.Tensor, _Piece] = {}
         groups = []
         for group in optimizer.param_groups:
-            pieces = [_Piece(p, self.buffers, mesh, self.dp_rank) for p in group["params"]]
+            pieces = [_Piece(p, self.buffers, mesh, self.dp_rank, compute_dtype)
+                      for p in group["params"]]
             self._pieces.update((piece.param, piece) for piece in pieces)
             groups.append({**group, "params": [piece.param for piece in pieces]})
             group["params"] = [piece.master for piece in pieces]
         super().__init__(groups, optimizer.defaults)
+        for param in self._pieces:  # bf16: what the model computes with from now on
+            if param.dtype != compute_dtype:
+                param.data = param.data.to(compute_dtype)
         _OPTIMIZERS[model] = self
-
-    def to_compute_dtype(self, dtype: torch.dtype) -> None:
-        """Cast the model's parameters to ``dtype`` (bf16: what the model computes with; the
-        fp32 values stay in the master pieces, copied at construction)."""
-        for param in self._pieces:
-            if param.dtype != dtype:
-                param.data = param.data.to(dtype)
 
     # -- what DCP and the trainer read ---------------------------------------------------------
     @property
