@@ -182,12 +182,15 @@ def test_sequence_parallel_needs_lengths_divisible_by_tp(sections, message):
 @pytest.mark.slow  # 4 processes: ~30 s each on 2 cores
 @pytest.mark.parametrize("parallel", [
     {"zero_stage": 0},
+    {"zero_stage": 1, "sequence_parallel": True},  # the buffers engine
     {"zero_stage": 3, "sequence_parallel": True},
-], ids=["zero0", "zero3-sp"])
+], ids=["zero0", "zero1-sp", "zero3-sp"])
 def test_dp2_tp2_trains_like_one_process(reference, parallel):
     """Bug: tp and dp on one mesh disagree: FSDP2 shards a tp DTensor on the wrong axis, the
     dp reduction misses a tp-replicated parameter (LayerNorm), the clip norm is reduced over
-    one axis only, or the dp slice of the batch is taken by global rank instead of dp rank."""
+    one axis only (or counts a tp-replicated gradient tp times on the buffers engine), a
+    sequence-parallel LayerNorm's partial gradient is bucketed unreduced, or the dp slice of
+    the batch is taken by global rank instead of dp rank."""
     results = run_distributed(4, _train_and_probe,
                               _parallel(tensor_parallel=2, data_parallel=2, **parallel))
     _assert_matches(reference, results, readings=("grad_norm",))
