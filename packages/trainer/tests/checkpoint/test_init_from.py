@@ -161,3 +161,37 @@ def test_the_trainer_state_of_an_init_run_says_where_it_started(corpus, tmp_path
     assert info["initialized_from"] == str(hf_source)
     saved = ckpt.load_config_of(ckpt.list_checkpoints(tmp_path / "run")[-1], type(cfg))
     assert saved.model.num_layers == 3 and saved.checkpoint.init_from == str(hf_source)
+
+
+def _init_from_at_dp2(corpus: str, run_dir: str, source: str) -> dict:
+    """One rank of a dp2 ZeRO-1 bf16 run (the buffers engine) started from ``source``: its
+    whole fp32 masters and its bf16 parameters, gathered."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    cfg = _config(Path(corpus), Path(run_dir), checkpoint={"init_from": source},
+                  parallel={"zero_stage": 1}, precision={"dtype": "bf16"})
+    trainer = _quiet(cfg)
+    assert trainer.resume() is None
+    params = get_model_state_dict(trainer.model, options=StateDictOptions(full_state_dict=True))
+    return {"masters": trainer.full_model_state(),
+            "params": {name: value.cpu() for name, value in params.items()},
+            "engine": type(trainer.optimizer).__name__}
+
+
+@pytest.mark.slow
+def test_init_from_at_dp2_fills_the_fp32_masters_and_the_bf16_parameters(corpus, tmp_path,
+                                                                         hf_source):
+    """Catches: on the buffers engine (bf16 parameters, fp32 masters sharded over dp)
+    ``init_from`` writing the source into the bf16 parameters only, so the first step
+    overwrites them with the recipe's random masters, or each rank taking the wrong rows: the
+    masters must equal the source's fp32 weights exactly, the parameters their bf16 roundings."""
+    from bloomline.trainer.hf import import_hf
+    from bloomline.trainer.parallel.local_processes import run_distributed
+
+    _, weights = import_hf(hf_source)
+    for rank in run_distributed(2, _init_from_at_dp2, str(corpus), str(tmp_path / "run"),
+                                str(hf_source)):
+        assert rank["engine"] == "DistributedOptimizer"
+        for name, value in weights.items():
+            assert torch.equal(rank["masters"][name], value.float()), name
+            assert torch.equal(rank["params"][name], value.bfloat16()), name
