@@ -217,6 +217,7 @@ class GradBuffers:
         # whether the running backward is the step's last micro-batch (``set_sync``); when
         # nobody says (a pipeline schedule), ZeRO-1 reduces at ``reduce()``
         self.sync = False
+        self.started_in_backward = 0  # reductions launched by the hooks (overlapped), a count
         self.buckets: list[Bucket] = []
         self._where: dict[torch.Tensor, tuple[Bucket, Region]] = {}
         seen: set[int] = set()
@@ -269,6 +270,7 @@ class GradBuffers:
             bucket.pending = len(bucket.regions)
             if self.sharded_grads or self.sync:
                 bucket.start_reduce(self.group)
+                self.started_in_backward += 1
                 if self.sharded_grads and not self.sync:
                     # a micro-batch before the last: its buffer is freed now, not at step end
                     bucket.finish_reduce()
