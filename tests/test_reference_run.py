@@ -202,14 +202,17 @@ def test_one_process_matches_the_reference_loop(world):
     _compare(records, reference)
 
 
-@pytest.mark.parametrize("layout", ["parallel.data_parallel=2", "parallel.tensor_parallel=2"])
+@pytest.mark.parametrize("layout", [
+    ("parallel.data_parallel=2",), ("parallel.tensor_parallel=2",),
+    # ZeRO-1 on the buffers engine (the distributed optimizer)
+    ("parallel.data_parallel=2", "parallel.zero_stage=1")], ids=" ".join)
 def test_two_process_layouts_match_the_reference_loop(world, layout):
     """Catches: a layout that changes what is computed (dp gradients not averaged, tp shards
     of the imported weights misplaced, the vocabulary padded differently), against the same
     independent loop and tolerance as one process."""
     root, _, reference = world
-    name = layout.split("=")[0].split(".")[1]
-    records = _pretrain(root, name, f"checkpoint.init_from={root / 'hf'}", layout, nproc=2)
+    name = "_".join(setting.split("=")[0].split(".")[1] for setting in layout)
+    records = _pretrain(root, name, f"checkpoint.init_from={root / 'hf'}", *layout, nproc=2)
     _compare(records, reference)
 
 
