@@ -26,7 +26,10 @@ The model, and what it assumes:
   the dp group spans nodes (tp ranks fill a node first, then dp, as Megatron orders them),
   not overlapped with compute (``dp_overlap`` = 0; set it to the hidden fraction otherwise).
   ZeRO-1 adds the all-gather of the updated parameters; ZeRO-2/3 reduce-scatter every
-  micro-batch and all-gather the parameters (twice per micro-batch for stage 3).
+  micro-batch and all-gather the parameters (twice per micro-batch for stage 3). On the
+  buffers engine (``fsdp_engine`` False: Megatron's distributed optimizer) ZeRO-1 is one
+  reduce-scatter of the fp32 gradients and one all-gather of the parameters per step, ZeRO-2
+  a reduce-scatter per micro-batch and one all-gather.
 """
 
 from __future__ import annotations
@@ -127,7 +130,14 @@ def step_time(layout: Layout, device: Device, efficiency: float = DEFAULT_EFFICI
     grads = params_rank * layout.grad_bytes
     params = params_rank * layout.param_bytes
     dp, z = layout.dp, layout.zero_stage
-    if z == 0:
+    if z in (1, 2) and not layout.fsdp_engine:
+        # the buffers engine (Megatron's distributed optimizer): the fp32 buckets
+        # reduce-scattered once per step (ZeRO-2: per micro-batch), the updated parameters
+        # all-gathered once, in their dtype
+        scatters = m if z == 2 else 1
+        reduction = (scatters * _ring(grads, dp, bw, all_reduce=False)
+                     + _ring(params, dp, bw, all_reduce=False))
+    elif z == 0:
         reduction = _ring(grads, dp, bw)
     elif z == 1:
         reduction = _ring(grads, dp, bw) + _ring(params, dp, bw, all_reduce=False)
