@@ -9,7 +9,8 @@ from equivalence import GBS, LR, MBS, SEQ, VOCAB, equivalence_config
 
 from bloomline.trainer.loop import Trainer
 
-__all__ = ["built_layout", "parameter_layout", "resume_run", "train_evaluate_inspect"]
+__all__ = ["built_layout", "parameter_layout", "released_outputs", "resume_run",
+           "traced_stage", "train_evaluate_inspect"]
 
 
 def _batches(steps: int, seed: int = 0) -> list[torch.Tensor]:
@@ -85,3 +86,75 @@ def parameter_layout(model) -> dict:
         local = param.to_local() if hasattr(param, "to_local") else param
         out[name] = (tuple(local.shape), str(getattr(param, "placements", "")))
     return out
+
+
+def released_outputs(sections: dict, steps: int = 2) -> dict:
+    """``steps`` training steps recording, on this rank's stages as they run, what happens to
+    each forward's output: ``events``, the last step's forwards (F), backwards (B) and
+    releases of a sent output (SENT, from the schedule's wait of its send), in order, each
+    (kind, stage, micro-batch); ``at_backward``, for each backward of the last step, the
+    stage's outputs then in ``fwd_cache`` as (micro-batch, bytes of their storage, whether the
+    buffer the forward made is freed); ``planned``, the F/B/SENT actions
+    ``PipelineStages.actions(..., sends=True)`` gives for the step; ``losses`` and
+    ``grad_norms`` of each step."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    from bloomline.trainer.parallel.pipeline import _Stage
+
+    trainer = Trainer(equivalence_config(**sections), log=lambda *_: None)
+    events: list[tuple[str, int, int]] = []
+    at_backward: list[list[tuple[int, int, bool]]] = []
+    buffers: dict = {}  # (stage, micro-batch) -> weak reference to its output's first buffer
+    forward, backward, release = (_Stage.forward_one_chunk, _Stage.backward_one_chunk,
+                                  _Stage.release_sent)
+
+    def record_forward(stage, chunk_id, *args, **kwargs):
+        output = forward(stage, chunk_id, *args, **kwargs)
+        events.append(("F", stage.stage_index, chunk_id))
+        buffers[(stage.stage_index, chunk_id)] = StorageWeakRef(output.untyped_storage())
+        return output
+
+    def record_backward(stage, chunk_id, *args, **kwargs):
+        events.append(("B", stage.stage_index, chunk_id))
+        at_backward.append([
+            (mb, outputs[0].untyped_storage().nbytes(),
+             buffers[(stage.stage_index, mb)].expired())
+            for mb, (outputs, _) in sorted(stage.fwd_cache.items())])
+        return backward(stage, chunk_id, *args, **kwargs)
+
+    def record_release(stage, chunk_id, ops):
+        events.append(("SENT", stage.stage_index, chunk_id))
+        return release(stage, chunk_id, ops)
+
+    _Stage.forward_one_chunk, _Stage.backward_one_chunk = record_forward, record_backward
+    _Stage.release_sent = record_release
+    losses, norms = [], []
+    try:
+        for batch in _batches(steps):
+            events.clear()
+            at_backward.clear()
+            result = trainer.train_step(_micro(trainer, batch), LR)
+            losses.append(result["loss"])
+            norms.append(result["grad_norm"])
+    finally:
+        _Stage.forward_one_chunk, _Stage.backward_one_chunk = forward, backward
+        _Stage.release_sent = release
+    runner = trainer.runner
+    count = runner.microbatches or GBS // (MBS * trainer.layout.dp)
+    planned = [tuple(a) for a in runner.stages.actions(count, (MBS, SEQ),
+                                                       runner.micro_batch_loss, sends=True)
+               if a.kind in ("F", "B", "SENT")]
+    return {"events": events, "at_backward": at_backward, "planned": planned,
+            "losses": losses, "grad_norms": norms}
+
+
+def traced_stage(cfg, world_size: int, rank: int, release: bool):
+    """``trace_step`` of ``rank`` (``cpu``), with the release of sent stage outputs switched
+    off when not ``release`` (each output then kept until its backward, as the plan traced
+    before it released them). Run in a process of its own, as ``trace_ranks`` runs each."""
+    from bloomline.trainer.parallel import pipeline
+    from bloomline.trainer.plan.traced_step import trace_step
+
+    if not release:
+        pipeline.release_output = lambda *args, **kwargs: False
+    return trace_step(cfg, world_size, rank, "cpu")

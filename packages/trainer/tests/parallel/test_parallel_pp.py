@@ -14,12 +14,16 @@ import random
 import pytest
 import torch
 from equivalence import (
+    GBS,
+    MBS,
+    SEQ,
     VOCAB,
     assert_same_training,
     equivalence_config,
     run_steps,
 )
-from pipeline_workers import resume_run, train_evaluate_inspect
+from pipeline_workers import released_outputs, resume_run, train_evaluate_inspect
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from bloomline.trainer.model import build_model
 from bloomline.trainer.model.config import ModelConfig
@@ -32,6 +36,7 @@ from bloomline.trainer.parallel.partition import (
     stage_cost,
     uniform_split,
 )
+from bloomline.trainer.parallel.pipeline import release_output
 
 # -- helpers -----------------------------------------------------------------------------
 
@@ -287,3 +292,127 @@ def test_pp2_checkpoint_resumes_exactly(tmp_path):
         assert rank["keys"] == single["keys"]
         assert_same({"losses": want["losses"][2:], "params": want["params"],
                      "grad_norms": []}, {**rank, "grad_norms": []})
+
+
+# -- sent stage outputs released (Megatron's deallocate_output_tensor) ------------------------
+
+
+def _stage_gradients(release: bool) -> tuple[list[torch.Tensor], object]:
+    """A first pipeline stage of the equivalence model (embedding and two blocks, no head):
+    forward, optionally ``release_output`` on its output (as ``_Stage`` does once it is sent),
+    then the schedule's backward from a received gradient. Returns the input-side gradients
+    (every parameter's) and the output's autograd node's class name."""
+    torch.manual_seed(0)
+    model = build_model(equivalence_config().model)
+    for name in ("2", "3"):
+        del model.h[name]
+    model.ln_f = None  # the stage returns hidden states
+    tokens = torch.randint(0, VOCAB, (MBS, SEQ))
+    out = model(tokens)
+    node = type(out.grad_fn).__name__
+    if release:
+        buffer = StorageWeakRef(out.untyped_storage())
+        assert release_output(out)
+        assert buffer.expired(), "the output's buffer is still referenced"
+        assert out.untyped_storage().nbytes() == out.element_size()
+        assert out.shape == (MBS, SEQ, model.config.hidden_size) and out.grad_fn is not None
+    grad = torch.randn(MBS, SEQ, model.config.hidden_size, generator=torch.Generator()
+                       .manual_seed(1))
+    torch.autograd.backward((out,), grad_tensors=(grad,))  # what PipelineStage calls
+    return [p.grad for p in model.parameters()], node
+
+
+def test_release_output_frees_a_stage_output_and_keeps_its_gradients():
+    """Bug: releasing a sent stage output's data changes the stage's gradients (the autograd
+    node that made the output reads its values in backward: a GPT stage must end in an op that
+    does not save its result; the block's residual add does not), fails torch's size check in
+    ``torch.autograd.backward``, or frees nothing (the buffer still referenced)."""
+    (kept, node), (released, _) = _stage_gradients(False), _stage_gradients(True)
+    assert node == "AddBackward0"
+    assert len(kept) == len(released) > 0
+    for want, got in zip(kept, released, strict=True):
+        assert torch.equal(want, got)
+
+
+def test_release_output_refuses_what_it_cannot_free():
+    """Bug: an output its own autograd node saves (exp, sigmoid: the node keeps the data)
+    reported released (the plan then counting memory the run still holds), a view's or a
+    leaf's buffer (a stage input handed through: torch's receive buffer, reused every step)
+    replaced, or the aliases torch's send ops hold left holding the buffer."""
+    x = torch.randn(4, 8, requires_grad=True)
+    saved = x.exp()
+    view = (x * 2).view(32)
+    for refused in (saved, view, x):
+        size = refused.untyped_storage().nbytes()
+        assert not release_output(refused)
+        assert refused.untyped_storage().nbytes() == size
+    out = x * 2 + 1
+    alias = out.detach()  # what get_fwd_send_ops hands to isend
+    buffer = StorageWeakRef(out.untyped_storage())
+    assert release_output(out, [alias])
+    assert buffer.expired() and alias.untyped_storage().nbytes() == 4
+    assert not release_output(out)  # once
+    out.backward(torch.ones(4, 8))
+    assert torch.equal(x.grad, torch.full((4, 8), 2.0))
+
+
+_RELEASED: dict = {}
+MICRO_BATCHES = GBS // MBS  # per step of the equivalence run (4)
+
+
+def released(schedule: str) -> list[dict]:
+    """``released_outputs`` on both ranks of a pp2 run of ``schedule`` (cached)."""
+    if schedule not in _RELEASED:
+        parallel = {"pipeline_parallel": 2, "pipeline_schedule": schedule}
+        _RELEASED[schedule] = run_distributed(2, released_outputs, {"parallel": parallel, **ADAM})
+    return _RELEASED[schedule]
+
+
+@pytest.mark.slow
+def test_pp2_1f1b_frees_each_sent_output_before_its_backward():
+    """Bug: 1F1B's first stage holding each in-flight micro-batch's output ([mbs, seq, hidden])
+    from its forward to its backward, as torch's schedule keeps it in ``fwd_cache`` (the waste
+    Megatron's deallocate_output_tensor removes: 12 outputs on BLOOM-176B's stage 0), the
+    output released but its buffer still held (by the send op or work torch keeps), the last
+    stage's logits released (the loss needs them), or the release changing the training:
+    losses and gradient norms as one process's."""
+    first, last = released("1f1b")
+    # at every backward of the first stage, its cached outputs are one element each, and the
+    # buffers their forwards made are freed; the first backward comes after both warm-up
+    # forwards (4 micro-batches, pp 2)
+    assert [mb for mb, _, _ in first["at_backward"][0]] == [0, 1]
+    assert len(first["at_backward"]) == MICRO_BATCHES
+    for cached in first["at_backward"]:
+        assert cached and all(size == 4 and freed for _, size, freed in cached), cached
+    logits = MBS * SEQ * VOCAB * 4
+    for cached in last["at_backward"]:
+        assert all(size == logits and not freed for _, size, freed in cached), cached
+    want = reference()
+    for rank in (first, last):
+        assert_same({"losses": want["losses"][:2], "grad_norms": want["grad_norms"][:2],
+                     "params": {}}, {**rank, "params": {}})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "interleaved"])
+def test_pp2_releases_outputs_where_the_planner_does(schedule):
+    """Bug: an output released before torch's schedule has waited its send (gloo and NCCL read
+    the buffer until then), or the planner's traced step releasing its fake outputs at other
+    points than the run does: ``PipelineStages.actions(..., sends=True)`` (what the plan
+    replays) against the forwards, backwards and releases recorded on torch's stages in a real
+    step. A torch that moves its waits fails here, not silently in the plans. GPipe waits every
+    forward's send after the last forward: its backwards find all outputs released; the runtime
+    schedules (interleaved) wait at the end of the step: nothing is released before its
+    backward."""
+    ranks = released(schedule)
+    for rank in ranks:
+        assert rank["events"] == rank["planned"]
+    sent = [e for e in ranks[0]["events"] if e[0] == "SENT"]
+    assert len(sent) == MICRO_BATCHES * (2 if schedule == "interleaved" else 1)
+    if schedule == "gpipe":
+        assert [mb for mb, _, _ in ranks[0]["at_backward"][0]] == [0, 1, 2, 3]
+        assert all(size == 4 and freed for cached in ranks[0]["at_backward"]
+                   for _, size, freed in cached)
+    if schedule == "interleaved":
+        assert all(not freed for rank in ranks for cached in rank["at_backward"]
+                   for _, _, freed in cached)

@@ -137,3 +137,33 @@ def test_three_dimensional_ranks_real_and_traced_peaks_agree_within_10_percent()
     assert (first.stage, first.micro_batches, last.stage, last.micro_batches) == (0, 2, 1, 1)
     assert first.peak_bytes == pytest.approx(statistics.median(measured[:4]), rel=0.10)
     assert last.peak_bytes == pytest.approx(statistics.median(measured[4:]), rel=0.10)
+
+
+def test_traced_first_stage_releases_the_outputs_it_sent():
+    """The bug: the traced pipeline step keeping every in-flight micro-batch's stage output on
+    stage 0 until its backward while the run frees each once its send is waited (the plan
+    then overstating a pipelined first stage's peak by the outputs in flight: 12 x 59 MB on
+    BLOOM-176B's), or releasing the last stage's logits, which the loss needs. Tiny recipe,
+    pp2, 1F1B: at stage 0's peak both outputs in flight are released, one element left of
+    each; the last stage traces the same with or without the release."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    from pipeline_workers import traced_stage
+
+    from bloomline.trainer.parallel.local_processes import forkserver_context
+
+    overrides = [*BASE, "parallel.world_size=2", "parallel.pipeline_parallel=2",
+                 "parallel.pipeline_schedule=1f1b", "train.micro_batch_size=2",
+                 "train.global_batch_size=16"]
+    cfg = load_trainer_config(TINY, overrides)
+    with ProcessPoolExecutor(max_workers=2, max_tasks_per_child=1,
+                             mp_context=forkserver_context()) as pool:
+        futures = [pool.submit(traced_stage, cfg, 2, rank, release)
+                   for rank in (0, 1) for release in (False, True)]
+        (first_kept, first, last_kept, last) = [future.result() for future in futures]
+    output = 2 * cfg.data.seq_length * cfg.model.hidden_size * 4  # [mbs, seq, hidden] fp32
+    assert first.micro_batches == first_kept.micro_batches == 2
+    assert (first_kept.at_peak["activations"] - first.at_peak["activations"]
+            == 2 * (output - 4))
+    assert first.peak_bytes < first_kept.peak_bytes
+    assert last.peak_bytes == last_kept.peak_bytes

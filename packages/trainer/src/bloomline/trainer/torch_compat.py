@@ -24,6 +24,17 @@ so that no other module checks torch's version.
   the row stride L + 1, so every pipelined step failed on 2.11 ("stride mismatch: expected
   (L, 1) actual (L + 1, 1)"); ``PipelinedRunner._run`` hands the schedule a contiguous copy, on
   every version.
+- Pipeline send completion (``torch.distributed.pipelining.schedules``), used to release a
+  stage's output once it has been sent (``parallel/pipeline.py``'s ``release_output``). torch
+  has no public hook for "this forward send is done": its schedules fire their P2P ops through
+  the module's private ``_batch_p2p`` and wait the works it returns through
+  ``_wait_batch_p2p`` (checked in 2.13's ScheduleGPipe, Schedule1F1B and the runtime
+  schedules ScheduleInterleaved1F1B / ScheduleLoopedBFS, where the works are lists).
+  ``after_sends_waited`` wraps both (once per process; an untagged call behaves as before): the
+  list of works of a call carrying tagged ops comes back as a list subclass remembering them,
+  and once that list has been waited the tag's callback runs. Where either function is
+  missing, or returns something other than a list, nothing is tagged and no output is
+  released (the schedule then keeps each output until its backward, as torch does).
 """
 
 from __future__ import annotations
@@ -32,7 +43,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["memory_tracker"]
+__all__ = ["after_sends_waited", "memory_tracker", "sends_followed"]
 
 
 def memory_tracker(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None):
@@ -79,3 +90,78 @@ def _own_fake_mode_only(base: type) -> type:
     Tracker.__name__ = Tracker.__qualname__ = base.__name__
     _TRACKERS[base] = Tracker
     return Tracker
+
+
+# -- pipeline send completion ----------------------------------------------------------------
+
+_SENT_TAG = "_bloomline_after_wait"
+_send_hook_installed: bool | None = None
+
+
+class _SentWorks(list):
+    """The works of one ``_batch_p2p`` call, with the tagged send ops among its ops."""
+
+    sent: list
+
+
+def _install_send_wait_hook() -> bool:
+    """Wrap ``schedules._batch_p2p`` and ``schedules._wait_batch_p2p`` (see the module
+    docstring); False where this torch has not both."""
+    global _send_hook_installed
+    if _send_hook_installed is not None:
+        return _send_hook_installed
+    try:
+        from torch.distributed.pipelining import schedules
+
+        batch_p2p, wait_batch_p2p = schedules._batch_p2p, schedules._wait_batch_p2p
+    except (ImportError, AttributeError):
+        _send_hook_installed = False
+        return False
+
+    def _batch_p2p(p2p_ops, *args, **kwargs):
+        works = batch_p2p(p2p_ops, *args, **kwargs)
+        sent = [op for op in p2p_ops if hasattr(op, _SENT_TAG)]
+        if not sent or type(works) is not list:
+            return works
+        tagged = _SentWorks(works)
+        tagged.sent = sent
+        return tagged
+
+    def _wait_batch_p2p(work, *args, **kwargs):
+        result = wait_batch_p2p(work, *args, **kwargs)
+        sent = getattr(work, "sent", None)
+        if sent:
+            work.sent = []  # once, should a list be waited twice
+            for op in sent:
+                getattr(op, _SENT_TAG)(op)
+        return result
+
+    schedules._batch_p2p, schedules._wait_batch_p2p = _batch_p2p, _wait_batch_p2p
+    _send_hook_installed = True
+    return True
+
+
+def sends_followed() -> bool:
+    """Whether ``after_sends_waited`` can follow this torch's schedules (installing its
+    wrappers, once)."""
+    return _install_send_wait_hook()
+
+
+def after_sends_waited(ops: list, callback) -> bool:
+    """Arrange ``callback(ops)`` to run right after a pipeline schedule has waited the works
+    of every op of ``ops`` (``dist.P2POp`` sends, from one ``get_fwd_send_ops`` call): their
+    buffers are then no longer read. False, with nothing arranged, where this torch's schedules
+    cannot be followed (see the module docstring) or ``ops`` is empty."""
+    if not ops or not _install_send_wait_hook():
+        return False
+    left = [len(ops)]
+
+    def one_waited(op) -> None:
+        delattr(op, _SENT_TAG)
+        left[0] -= 1
+        if left[0] == 0:
+            callback(ops)
+
+    for op in ops:
+        setattr(op, _SENT_TAG, one_waited)
+    return True

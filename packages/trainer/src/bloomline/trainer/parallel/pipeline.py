@@ -34,10 +34,27 @@ Mental model:
   gradient reduction per stage and micro-batch) as the schedule object orders them: what the
   planner replays on fake tensors (a fake process group cannot carry the schedule's
   transfers).
+- Sent outputs are released (Megatron's ``deallocate_output_tensor``). torch's schedules keep
+  each micro-batch's stage output (``PipelineStage.fwd_cache``) until its backward, which needs
+  only the output's autograd graph and the gradient received for it, not its values. Once the
+  schedule has waited the send of a forward's output (``torch_compat.after_sends_waited``
+  follows torch's waits), ``_Stage`` replaces the output's data by one element expanded to its
+  shape (``release_output``), and so the detached alias torch's send op and work hold: the
+  [mbs, seq, hidden] buffer is freed there, the tensor and its ``grad_fn`` stay for backward.
+  Not released: the last stage's output (it goes to the loss), an output not sent, and one
+  ``release_output`` refuses (a view, a DTensor, one its own autograd node saves). Where torch
+  2.13 waits the forward sends: Schedule1F1B after the next forward in the warm-up, else
+  before the next backward (stage 0 then holds one output's data, not ``pp``); ScheduleGPipe
+  after the last forward (its backward phase holds none); the runtime schedules
+  (ScheduleInterleaved1F1B, ScheduleLoopedBFS) only at the end of the step, so there nothing
+  is released before each output's backward, as before. ``actions(..., sends=True)`` marks
+  these points (``SENT``) for the planner, which releases its fake outputs with the same
+  function there.
 """
 
 from __future__ import annotations
 
+from functools import partial
 from typing import NamedTuple
 
 import torch
@@ -53,8 +70,10 @@ from torch.distributed.pipelining import (
 
 from bloomline.trainer.parallel import parallelize
 from bloomline.trainer.parallel.partition import partition_layers
+from bloomline.trainer.torch_compat import after_sends_waited, sends_followed
 
-__all__ = ["PipelineStages", "StageAction", "num_pipeline_stages", "stage_view"]
+__all__ = ["PipelineStages", "StageAction", "num_pipeline_stages", "release_output",
+           "stage_view"]
 
 
 def num_pipeline_stages(cfg) -> int:
@@ -66,7 +85,9 @@ def num_pipeline_stages(cfg) -> int:
 class StageAction(NamedTuple):
     """One compute action of a pipeline step on this rank: ``kind`` F (forward), B (full
     backward) or REDUCE_GRAD (the stage's data-parallel gradient reduction after its last
-    backward), of ``stage`` for ``micro_batch`` (None for REDUCE_GRAD)."""
+    backward), of ``stage`` for ``micro_batch`` (None for REDUCE_GRAD). With
+    ``actions(..., sends=True)`` also SENT: the schedule has waited the send of that
+    forward's output, which is released there (``release_output``)."""
 
     kind: str
     stage: int
@@ -228,12 +249,15 @@ class PipelineStages:
             return gpipe
         return Schedule1F1B if name == "1f1b" else ScheduleInterleaved1F1B
 
-    def actions(self, count: int, shape: tuple, loss_fn) -> list[StageAction]:
+    def actions(self, count: int, shape: tuple, loss_fn,
+                sends: bool = False) -> list[StageAction]:
         """This rank's compute actions of a training step of ``count`` micro-batches of
         ``shape``, in the order the schedule object gives (its ``pipeline_order``; idle slots
         left out). Micro-batches are numbered per stage and kind in the order they run: every
         torch schedule runs a stage's forwards, and its backwards, in micro-batch order, and
-        the single-stage orders number the last rank's forwards from 1."""
+        the single-stage orders number the last rank's forwards from 1. With ``sends``, a
+        SENT action where the schedule waits a forward's send and ``_Stage`` releases the
+        output (``_send_waits``)."""
         schedule, _ = self.schedule(count, shape, True, loss_fn)
         seen: dict = {}
         actions = []
@@ -247,16 +271,136 @@ class PipelineStages:
             index = seen.get((kind, stage), 0)
             seen[(kind, stage)] = index + 1
             actions.append(StageAction(kind, stage, index))
+        if sends:
+            return _send_waits(type(schedule), actions, self.num_stages - 1)
         return actions
 
 
+def _send_waits(kind, actions: list[StageAction], last_stage: int) -> list[StageAction]:
+    """``actions`` (one rank's, of a schedule of class ``kind``) with a SENT action where the
+    schedule waits the send of each forward's output (what ``_Stage`` releases there), as torch
+    2.13's schedules wait them (``test_parallel_pp`` records a real run's against these):
+
+    - Schedule1F1B: a warm-up forward's send is waited after the next forward (before its own
+      send goes), the others' (the last warm-up forward's, fused with the first backward's
+      receive, and each steady-state one's) before the next backward;
+    - ScheduleGPipe: all of them, in order, after the last forward;
+    - the runtime schedules (ScheduleInterleaved1F1B, ScheduleLoopedBFS): at the end of the
+      step, last sent first (each output's backward has run by then: nothing to release).
+
+    The last stage sends nothing. Another schedule, or a torch whose waits
+    ``torch_compat.after_sends_waited`` cannot follow, gets no SENT (nothing is released)."""
+    if not sends_followed():
+        return actions
+    sent = [a for a in actions if a.kind == "F" and a.stage != last_stage]
+    marks = [StageAction("SENT", a.stage, a.micro_batch) for a in sent]
+    if kind is Schedule1F1B:
+        out: list[StageAction] = []
+        waiting = None
+        for action in actions:
+            if action.kind == "B" and waiting is not None:
+                out.append(waiting)
+                waiting = None
+            out.append(action)
+            if action.kind == "F":
+                if waiting is not None:
+                    out.append(waiting)
+                waiting = (StageAction("SENT", action.stage, action.micro_batch)
+                           if action.stage != last_stage else None)
+        return out + ([waiting] if waiting is not None else [])
+    if kind is ScheduleGPipe:
+        if not marks:
+            return actions
+        last_forward = max(i for i, a in enumerate(actions) if a.kind == "F")
+        return actions[:last_forward + 1] + marks + actions[last_forward + 1:]
+    if kind in (ScheduleInterleaved1F1B, ScheduleLoopedBFS):
+        return actions + marks[::-1]
+    return actions
+
+
+def release_output(output: torch.Tensor, aliases=()) -> bool:
+    """Free ``output``'s data, keeping the tensor (shape, dtype, device) and its autograd graph
+    (``grad_fn``), as Megatron's ``deallocate_output_tensor`` does with a stage output sent to
+    the next stage: its backward needs only the graph and the incoming gradient. The data
+    becomes one element expanded to the output's shape (stride 0), so
+    ``torch.autograd.backward(output, grad)`` still finds matching sizes without Megatron's
+    custom C++ backward call. ``aliases``: tensors sharing ``output``'s storage (the detached
+    copies torch's send ops hold), released with it. Returns whether it released.
+
+    Refused (False, nothing changed): a DTensor (its local shard is held inside it), a view
+    (its base holds the storage), a leaf requiring gradients (an input handed through), an
+    output of at most one element or already released, and an output its own autograd node
+    saves (exp, sigmoid, ...: the node keeps its own reference to the data, which freeing the
+    tensor's would not free; autograd would still read the right values through it). A GPT
+    stage's output is a block's residual add (``AddBackward0``, which saves nothing)."""
+    from torch.distributed.tensor import DTensor
+
+    if (not isinstance(output, torch.Tensor) or isinstance(output, DTensor)
+            or output._is_view() or (output.grad_fn is None and output.requires_grad)
+            or output.numel() <= 1 or _saves_own_result(output)
+            or output.untyped_storage().nbytes() <= output.element_size()):
+        return False
+    if aliases:
+        storage = output.untyped_storage().data_ptr()
+        for alias in aliases:
+            if (isinstance(alias, torch.Tensor) and not isinstance(alias, DTensor)
+                    and alias is not output and alias.untyped_storage().data_ptr() == storage):
+                _drop_data(alias)
+    _drop_data(output)
+    return True
+
+
+def _drop_data(tensor: torch.Tensor) -> None:
+    tensor.data = torch.empty((), dtype=tensor.dtype, device=tensor.device).expand(tensor.shape)
+
+
+def _saves_own_result(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor``'s autograd node saves it for its backward: a built-in node that
+    does has a ``_saved_result`` attribute (``_saved_result<n>`` for its output n; a layer
+    norm's saved ``result1``/``result2`` are its statistics, not its output). Read on the node's
+    class: reading it on the node would unpack the saved tensor (and run saved-tensor hooks).
+    A custom Function's node (a compiled block) cannot be told: freeing its output is still
+    correct (autograd saves an output as a separate alias of its data), only not a saving."""
+    node = tensor.grad_fn
+    if node is None:
+        return False
+    cls = type(node)
+    return hasattr(cls, "_saved_result") or hasattr(cls, f"_saved_result{tensor.output_nr}")
+
+
 class _Stage(PipelineStage):
-    """A PipelineStage whose activation stats (when armed) record micro-batch 0's forward, as
-    the loop without pipelining does (not the shape-inference forward, nor the last
-    micro-batch's)."""
+    """A PipelineStage that releases each forward's output once the schedule has waited its
+    send (see the module docstring), and whose activation stats (when armed) record
+    micro-batch 0's forward, as the loop without pipelining does (not the shape-inference
+    forward, nor the last micro-batch's)."""
 
     activation_stats = False
 
     def forward_one_chunk(self, fwd_chunk_id, *args, **kwargs):
         self.submod.set_activation_stats(self.activation_stats and fwd_chunk_id == 0)
         return super().forward_one_chunk(fwd_chunk_id, *args, **kwargs)
+
+    def get_fwd_send_ops(self, fwd_chunk_id: int) -> list:
+        ops = super().get_fwd_send_ops(fwd_chunk_id)
+        if not self.is_last:
+            after_sends_waited(ops, partial(self.release_sent, fwd_chunk_id))
+        return ops
+
+    def release_sent(self, fwd_chunk_id: int, ops: list) -> None:
+        """The schedule has waited ``ops``, the sends of micro-batch ``fwd_chunk_id``'s output:
+        release the output (kept in ``fwd_cache`` for its backward) and the aliases of it the
+        ops (and the works torch keeps until it drops them) hold. Nothing when its backward has
+        already run (the runtime schedules wait at the end of the step), and never an output
+        that is one of the stage's inputs (its receive buffer, reused every step)."""
+        cached = self.fwd_cache.get(fwd_chunk_id)
+        if cached is None:
+            return
+        outputs, inputs = cached
+        held = {t.untyped_storage().data_ptr() for t in inputs
+                if isinstance(t, torch.Tensor) and not hasattr(t, "placements")}
+        aliases = [op.tensor for op in ops]
+        for output in outputs:
+            if (isinstance(output, torch.Tensor) and not hasattr(output, "placements")
+                    and output.untyped_storage().data_ptr() in held):
+                continue
+            release_output(output, aliases)

@@ -18,11 +18,14 @@ first). Then:
 - with pipelining: the compute actions of the runner's own schedule
   (``PipelinedRunner.actions``, from torch's schedule object) for as many micro-batches as
   the schedule keeps in flight (1F1B: ``pp - stage``; the plan passes GPipe's all) and one
-  more (a forward that runs with gradients held), each stage output kept until its backward
-  as torch's schedule keeps it, the last stage's loss the runner's; then the runner's
-  gradient reductions (the tied embedding) and the optimizer step. The schedule's transfers
-  are not run: they need a peer (a fake process group returns nothing), so a stage takes a
-  fake input of the shape its predecessor sends.
+  more (a forward that runs with gradients held), the last stage's loss the runner's; then
+  the runner's gradient reductions (the tied embedding) and the optimizer step. Each stage
+  output's autograd graph is kept until its backward, as torch's schedule keeps it; its data
+  is released where the schedule waits its send (``PipelineStages.actions(..., sends=True)``'s
+  SENT, with the run's ``release_output``: under 1F1B a stage then holds one sent output's
+  data, not one per micro-batch in flight; the last stage's logits are kept until its
+  backward). The schedule's transfers are not run: they need a peer (a fake process group
+  returns nothing), so a stage takes a fake input of the shape its predecessor sends.
 
 What the tracker counts is every tensor the step's operators allocate, at the moment they
 exist: parameters, gradients, optimizer state, saved activations, temporaries, and
@@ -191,12 +194,14 @@ def _micro_batch_step(built: BuiltRun) -> int:
 
 def _stage_step(built: BuiltRun, total: int) -> int:
     """The pipelined step of this rank's stage(s): the compute actions of the runner's
-    schedule for ``total`` micro-batches (``PipelinedRunner.actions``: forwards, backwards and
-    gradient reductions in the schedule's order), each stage output kept until its backward
-    as torch's schedule keeps it. A stage after the first takes a fake input of the shape its
-    predecessor sends (the schedule's transfers need a peer). Returns the most micro-batches
-    held at once."""
+    schedule for ``total`` micro-batches (``PipelineStages.actions`` with ``sends``: forwards,
+    backwards and gradient reductions in the schedule's order, and where it waits each
+    forward's send), each stage output kept until its backward as torch's schedule keeps it,
+    its data released at the wait of its send as ``_Stage`` releases it (``release_output``).
+    A stage after the first takes a fake input of the shape its predecessor sends (the
+    schedule's transfers need a peer). Returns the most micro-batches held at once."""
     from bloomline.trainer.parallel.data_parallel import set_gradient_sync
+    from bloomline.trainer.parallel.pipeline import release_output
 
     cfg, layout, runner = built.spec.config, built.spec.layout, built.runner
     mb, seq = cfg.train.micro_batch_size, cfg.data.seq_length
@@ -205,7 +210,7 @@ def _stage_step(built: BuiltRun, total: int) -> int:
     stream = torch.float32 if cfg.model.residual_fp32 else built.precision.dtype
     chunks = dict(zip(built.stages, built.chunks, strict=True))
     last_stage = runner.stages.num_stages - 1
-    actions = runner.actions(total, (mb, seq))
+    actions = runner.stages.actions(total, (mb, seq), runner.micro_batch_loss, sends=True)
     last_backward = {a.stage: a.micro_batch for a in actions if a.kind == "B"}
     runner.begin_step(total)
     pending: dict = {}
@@ -225,11 +230,15 @@ def _stage_step(built: BuiltRun, total: int) -> int:
             with runner.context():
                 out = chunk(inputs)
                 # the schedule keeps a stage's output until its backward (the last stage's
-                # logits too, beside the loss computed from them)
+                # logits too, beside the loss computed from them); a sent one's data goes at
+                # its SENT below
                 loss = (runner.micro_batch_loss(out, labels) if action.stage == last_stage
                         else None)
             pending[(action.stage, action.micro_batch)] = (out, loss)
             held = max(held, sum(1 for stage, _ in pending if stage == action.stage))
+        elif action.kind == "SENT":  # its send waited: the run's _Stage releases it here
+            if (action.stage, action.micro_batch) in pending:
+                release_output(pending[(action.stage, action.micro_batch)][0])
         elif action.kind == "B":
             out, loss = pending.pop((action.stage, action.micro_batch))
             set_gradient_sync(chunk, action.micro_batch == last_backward[action.stage])
