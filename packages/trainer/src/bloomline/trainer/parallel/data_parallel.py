@@ -1,5 +1,10 @@
 """Data parallelism and ZeRO stages 0-3 on FSDP2's engine, applied from outside the model.
 
+ZeRO-1/2 in bf16 and fp32 runs default to the buffers engine instead
+(``distributed_optimizer.py``: bf16 parameters, fp32 gradient buckets, a sharded fp32
+master); this engine serves ZeRO-0 and 3, offload, fp16, and ``parallel.zero_engine =
+"fsdp2"``.
+
 ``apply_data_parallel(model, dp_mesh, cfg)`` wraps a GPT (or a pipeline stage of one) per block,
 then at the root, with PyTorch's composable APIs, so parameter names (and the state-dict keys
 DCP checkpoints use) stay the single-process ones: no ``module.`` prefix as with DDP.
