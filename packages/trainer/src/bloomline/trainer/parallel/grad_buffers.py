@@ -242,6 +242,9 @@ class GradBuffers:
         _BUFFERS[model] = self
 
     def _add_bucket(self, params: list, device: torch.device) -> None:
+        # the parameters' device where they have one (a planner's meta build: meta buffers)
+        local = _local(params[0])
+        device = local.device if local.device.type == "meta" else device
         self.buckets.append(Bucket(params, self.dp, self.rank, self.sharded_grads, device))
 
     @property
