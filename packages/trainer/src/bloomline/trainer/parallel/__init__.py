@@ -5,9 +5,9 @@ parallelism (DTensor, ``tensor_parallel.py``), activation checkpointing
 (``activation_checkpoint.py``), per-block compile, then data parallelism with the ZeRO stage
 (DDP / FSDP2, ``data_parallel.py``; the buffers engine applies none: its optimizer,
 ``distributed_optimizer.py``, hooks the gradients). Pipeline parallelism splits the model
-into stages first and parallelizes each stage the same way (``pipeline.py``). ``mesh.py`` owns the device mesh
-("pp", "dp", "tp"); the layout's rules live with the config's (``config_rules.py``). See
-README.md in this folder.
+into stages first and parallelizes each stage the same way (``pipeline.py``). ``mesh.py``
+owns the device mesh ("pp", "dp", "tp"); the layout's rules live with the config's
+(``config_rules.py``). See README.md in this folder.
 """
 
 from __future__ import annotations
