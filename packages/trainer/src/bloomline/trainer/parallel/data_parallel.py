@@ -67,6 +67,7 @@ import torch
 from torch import nn
 
 from bloomline.common.errors import UserError
+from bloomline.trainer.parallel.sharded_optimizer_state import ModelParameterView
 
 __all__ = ["ShardedOptimizer", "apply_data_parallel", "set_gradient_sync",
            "shard_optimizer_state"]
@@ -181,7 +182,7 @@ class _Slice:
                                   stride=self.param.stride())
 
 
-class ShardedOptimizer(torch.optim.Optimizer):
+class ShardedOptimizer(ModelParameterView):
     """ZeRO-1: ``optimizer`` steps only this rank's dp shard of each (replicated) parameter and
     keeps its state (Adam's m, v) for that shard; the updated shards are then all-gathered.
 
@@ -202,7 +203,6 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
     def __init__(self, optimizer: torch.optim.Optimizer, dp_mesh) -> None:
         self.dp_mesh = dp_mesh
-        self.inner = optimizer
         self._slices: list[_Slice] = []
         groups = []
         for group in optimizer.param_groups:
@@ -210,21 +210,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
             self._slices.extend(slices)
             groups.append({**group, "params": [s.param for s in slices]})
             group["params"] = [s.shard for s in slices]
-        super().__init__(groups, optimizer.defaults)
-
-    @property
-    def state(self):
-        """The inner state under the model's parameters (read by DCP's state-dict code)."""
-        return {s.param: self.inner.state[s.shard] for s in self._slices
-                if s.shard in self.inner.state}
-
-    @state.setter
-    def state(self, value) -> None:  # Optimizer.__init__ assigns an empty one; ours is derived
-        pass
-
-    def _push_hyperparameters(self) -> None:
-        for outer, inner in zip(self.param_groups, self.inner.param_groups, strict=True):
-            inner.update({k: v for k, v in outer.items() if k != "params"})
+        super().__init__(optimizer, groups, {s.param: s.shard for s in self._slices})
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -248,17 +234,6 @@ class ShardedOptimizer(torch.optim.Optimizer):
                     s.param.grad = None
                 else:
                     s.param.grad.zero_()
-
-    def state_dict(self) -> dict:
-        """The inner optimizer's: entries numbered in the order of ``param_groups`` (the
-        model's parameters), values dp-sharded DTensors."""
-        self._push_hyperparameters()
-        return self.inner.state_dict()
-
-    def load_state_dict(self, state_dict: dict) -> None:
-        self.inner.load_state_dict(state_dict)
-        for outer, inner in zip(self.param_groups, self.inner.param_groups, strict=True):
-            outer.update({k: v for k, v in inner.items() if k != "params"})
 
     def __repr__(self) -> str:
         return f"ShardedOptimizer(dp={self.dp_mesh.size()}, {self.inner!r})"

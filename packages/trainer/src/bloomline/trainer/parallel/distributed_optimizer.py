@@ -30,6 +30,7 @@ import torch.distributed as dist
 from torch import nn
 
 from bloomline.trainer.parallel.grad_buffers import GradBuffers
+from bloomline.trainer.parallel.sharded_optimizer_state import ModelParameterView
 
 __all__ = ["DistributedOptimizer", "distributed_optimizer_of"]
 
@@ -103,7 +104,7 @@ class _Piece:
         return self.master.grad.to_local()
 
 
-class DistributedOptimizer(torch.optim.Optimizer):
+class DistributedOptimizer(ModelParameterView):
     """``optimizer`` (built over ``model``'s parameters) stepping this rank's fp32 pieces of
     them, with the gradients in ``GradBuffers`` over ``mesh["dp"]``. ``chunks``: the modules
     the rank runs (the model, or its pipeline stages). ``sharded_grads``: ZeRO-2.
@@ -116,7 +117,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         dp_mesh = mesh["dp"]
         self.dp_group = dp_mesh.get_group()
         self.dp, self.dp_rank = dp_mesh.size(), dp_mesh.get_local_rank()
-        self.model, self.inner = model, optimizer
+        self.model = model
         self.buffers = GradBuffers(model, chunks, self.dp_group, self.dp, self.dp_rank,
                                    bucket_size, sharded_grads, device)
         self._pieces: dict[torch.Tensor, _Piece] = {}
@@ -127,38 +128,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._pieces.update((piece.param, piece) for piece in pieces)
             groups.append({**group, "params": [piece.param for piece in pieces]})
             group["params"] = [piece.master for piece in pieces]
-        super().__init__(groups, optimizer.defaults)
+        super().__init__(optimizer, groups,
+                         {param: piece.master for param, piece in self._pieces.items()})
         for param in self._pieces:  # bf16: what the model computes with from now on
             if param.dtype != compute_dtype:
                 param.data = param.data.to(compute_dtype)
         _OPTIMIZERS[model] = self
 
-    # -- what DCP and the trainer read ---------------------------------------------------------
-    @property
-    def state(self):
-        """The inner state under the model's parameters (read by DCP's state-dict code)."""
-        return {param: self.inner.state[piece.master] for param, piece in self._pieces.items()
-                if piece.master in self.inner.state}
-
-    @state.setter
-    def state(self, value) -> None:  # Optimizer.__init__ assigns an empty one; ours is derived
-        pass
-
-    def _push_hyperparameters(self) -> None:
-        for outer, inner in zip(self.param_groups, self.inner.param_groups, strict=True):
-            inner.update({k: v for k, v in outer.items() if k != "params"})
-
-    def state_dict(self) -> dict:
-        """The inner optimizer's: entries numbered in the order of ``param_groups`` (the
-        model's parameters), values dp-sharded DTensors."""
-        self._push_hyperparameters()
-        return self.inner.state_dict()
-
-    def load_state_dict(self, state_dict: dict) -> None:
-        self.inner.load_state_dict(state_dict)
-        for outer, inner in zip(self.param_groups, self.inner.param_groups, strict=True):
-            outer.update({k: v for k, v in inner.items() if k != "params"})
-
+    # -- what DCP and the trainer read (the state, under the model's names: the base class) ----
     def master_state(self, names: dict[torch.Tensor, str]) -> dict[str, torch.Tensor]:
         """The fp32 weights by parameter name (``names``: parameter -> name), as dp-sharded
         DTensors: what a checkpoint saves and loads as the model."""
