@@ -62,6 +62,22 @@ def _piece_layout(param: torch.Tensor, mesh, dp_rank: int):
     return mesh["dp", "tp"], (dp_placement, tp_placement)
 
 
+def _cast(param: nn.Parameter, dtype: torch.dtype) -> None:
+    """Cast ``param`` in place, keeping the object (the modules and the buckets hold it). A
+    DTensor's ``.data`` setter changes its dtype but not its local tensor, so a DTensor is
+    swapped for one built on the cast local tensor (``nn.Module._apply``'s way for tensor
+    subclasses)."""
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(param, DTensor):
+        param.data = param.data.to(dtype)
+        return
+    local = param.to_local().detach().to(dtype)
+    cast = DTensor.from_local(local, param.device_mesh, param.placements, shape=param.shape,
+                              stride=param.stride(), run_check=False)
+    torch.utils.swap_tensors(param, nn.Parameter(cast, requires_grad=param.requires_grad))
+
+
 class _Piece:
     """One parameter's owned rows: ``master`` (an fp32 DTensor parameter the inner optimizer
     steps: a copy for a low-precision model, a view of the parameter's rows in fp32) whose
@@ -132,7 +148,8 @@ class DistributedOptimizer(ModelParameterView):
                          {param: piece.master for param, piece in self._pieces.items()})
         for param in self._pieces:  # bf16: what the model computes with from now on
             if param.dtype != compute_dtype:
-                param.data = param.data.to(compute_dtype)
+                _cast(param, compute_dtype)
+        self.buffers.install_hooks()
         _OPTIMIZERS[model] = self
 
     # -- what DCP and the trainer read (the state, under the model's names: the base class) ----

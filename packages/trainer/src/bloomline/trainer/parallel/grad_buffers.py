@@ -237,9 +237,15 @@ class GradBuffers:
         for bucket in self.buckets:
             for region in bucket.regions:
                 self._where[region.param] = (bucket, region)
+        self._hooks: list = []
+        _BUFFERS[model] = self
+
+    def install_hooks(self) -> None:
+        """Start accumulating: a post-accumulate-grad hook on every parameter (installed
+        after the model is cast to its compute dtype: ``swap_tensors`` refuses a tensor with
+        hooks)."""
         self._hooks = [param.register_post_accumulate_grad_hook(self._accumulate)
                        for param in self._where]
-        _BUFFERS[model] = self
 
     def _add_bucket(self, params: list, device: torch.device) -> None:
         # the parameters' device where they have one (a planner's meta build: meta buffers)

@@ -12,7 +12,8 @@ Mental model (Megatron-LM's layout, written as torch's parallel styles):
   row-wise. Forward costs one all-reduce per attention and per MLP (Megatron's "g"), backward
   one each ("f").
 - Embedding vocabulary-parallel (row-wise on the table: each rank looks up the ids of its
-  vocabulary range, the partial sums are reduced). The LM head stays tied to it: ``GPT.head``
+  vocabulary range in its local shard, the partial sums are reduced: ``_VocabParallelEmbedding``,
+  whose backward gives the shard's gradient only). The LM head stays tied to it: ``GPT.head``
   is ``F.linear(ln_f(x), word_embeddings.weight)`` with that weight a Shard(0) DTensor, so the
   logits come out vocabulary-sharded (Shard(-1)) and one parameter collects both gradients.
   The trainer computes cross-entropy under ``loss_parallel()`` on those sharded logits (no
@@ -42,9 +43,18 @@ with sequence parallelism the same positions in different sequence shards (Megat
 
 from __future__ import annotations
 
+import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module
+from torch.distributed.tensor import (
+    DTensor,
+    Partial,
+    Replicate,
+    Shard,
+    distribute_module,
+    distribute_tensor,
+)
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
@@ -81,6 +91,45 @@ class _ReplicateNorm(ParallelStyle):
 
         # partition_fn None: distribute_module replicates every parameter
         return distribute_module(module, device_mesh, None, wrap_input, unwrap_output)
+
+
+class _VocabParallelEmbedding(ParallelStyle):
+    """Megatron's ``VocabParallelEmbedding`` as a style: the table a Shard(0) DTensor, each
+    rank looking up the ids of its own vocabulary rows in its local shard (the others masked
+    to zero) and the partial results summed over tp (an all-reduce, or with sequence
+    parallelism a reduce-scatter into ``output_layout``'s shard); the output handed on as a
+    local tensor.
+
+    Why not torch's ``RowwiseParallel`` on the embedding: its backward computes the table's
+    gradient as a *Replicate* DTensor, the whole [vocab, h] table on every rank (7.2 GB in
+    bf16 for BLOOM's 250880 x 14336), before it is cut to the shard. Here the lookup runs on
+    the local shard, so autograd produces the gradient of the shard only, and the tied head's
+    Shard(0) gradient adds to it in place."""
+
+    def __init__(self, output_layout) -> None:
+        super().__init__()
+        self.output_layout = output_layout
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        def shard_table(_name, mod, mesh):
+            mod.register_parameter("weight", nn.Parameter(
+                distribute_tensor(mod.weight, mesh, (Shard(0),))))
+
+        distribute_module(module, device_mesh, shard_table)
+        output_layout = self.output_layout
+
+        def lookup(input_ids: torch.Tensor) -> torch.Tensor:
+            table = module.weight.to_local()  # its gradient comes back as the Shard(0) one
+            rows = table.shape[0]
+            start = device_mesh.get_local_rank() * rows  # the padded vocabulary splits evenly
+            outside = (input_ids < start) | (input_ids >= start + rows)
+            local = F.embedding((input_ids - start).masked_fill(outside, 0), table)
+            local = local.masked_fill(outside.unsqueeze(-1), 0.0)
+            partial = DTensor.from_local(local, device_mesh, (Partial(),), run_check=False)
+            return partial.redistribute(device_mesh, (output_layout,)).to_local()
+
+        module.forward = lookup
+        return module
 
 
 def _blocks(model) -> list[nn.Module]:
@@ -126,8 +175,8 @@ def _outer_plan(model, sequence_parallel: bool) -> dict[str, ParallelStyle]:
     seq = Shard(1)
     if getattr(model, "word_embeddings", None) is not None:
         # also on a last pipeline stage that keeps the table only as the tied head's weight
-        plan["word_embeddings"] = RowwiseParallel(
-            input_layouts=Replicate(), output_layouts=seq if sequence_parallel else Replicate())
+        plan["word_embeddings"] = _VocabParallelEmbedding(seq if sequence_parallel
+                                                          else Replicate())
     if getattr(model, "word_embeddings_layernorm", None) is not None:
         plan["word_embeddings_layernorm"] = (
             SequenceParallel(use_local_output=False) if sequence_parallel else _ReplicateNorm())
