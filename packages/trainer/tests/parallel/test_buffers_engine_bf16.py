@@ -16,13 +16,13 @@ BF16 = {"precision": {"dtype": "bf16"}, "optimizer": {"clip_grad": 0.5}}
 
 def _engine_and_losses(sections: dict) -> dict:
     from bloomline.trainer.loop import Trainer
-    from bloomline.trainer.parallel.distributed_optimizer import distributed_optimizer_of
+    from bloomline.trainer.master_weights import master_weights_of
 
     result = run_steps(sections)
     # run_steps builds its own Trainer; a second one tells which engine the layout gets
     trainer = Trainer(__import__("equivalence").equivalence_config(**sections),
                       log=lambda *_: None)
-    result["engine"] = distributed_optimizer_of(trainer.model) is not None
+    result["engine"] = master_weights_of(trainer.model) is not None
     result["local_dtypes"] = sorted({str(getattr(p, "to_local", lambda p=p: p)().dtype)
                                      for p in trainer.model.parameters()})
     return result

@@ -24,10 +24,11 @@ from dataclasses import dataclass
 
 import torch
 
-from bloomline.trainer.config_rules import pipeline_microbatches, uses_buffers_engine
+from bloomline.trainer.config_rules import pipeline_microbatches
 from bloomline.trainer.model import GPT, build_model
 from bloomline.trainer.optim import build_optimizer
 from bloomline.trainer.parallel import parallelize
+from bloomline.trainer.parallel.zero_engine import uses_buffers_engine
 from bloomline.trainer.precision import Precision
 from bloomline.trainer.run_spec import RunSpec
 from bloomline.trainer.step import PlainRunner, StepRunner

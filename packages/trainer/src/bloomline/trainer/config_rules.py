@@ -16,7 +16,7 @@ from bloomline.trainer.parallel.mesh import Layout
 from bloomline.trainer.reporting.wandb_sink import check_wandb_settings
 
 __all__ = ["check_step_microbatches", "parallel_sizes", "pipeline_microbatches",
-           "resolve_layout", "uses_buffers_engine", "validate"]
+           "resolve_layout", "validate"]
 
 _DEVICE = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
 
@@ -216,15 +216,3 @@ def resolve_layout(cfg: Config, world_size: int, rank: int = 0) -> Layout:
     pp, dp, tp = parallel_sizes(cfg, world_size)
     return Layout(pp=pp, dp=dp, tp=tp, rank=rank)
 
-
-def uses_buffers_engine(cfg: Config, data_parallel: int) -> bool:
-    """Whether ZeRO runs on the buffers engine (``parallel/distributed_optimizer.py``): asked
-    for, or ``auto`` at ZeRO-1/2 over dp > 1 in bf16 or fp32 (fp16's dynamic loss scaling
-    stays on FSDP2, whose gradients the scaler unscales; at dp 1 there is nothing to shard,
-    and a separate fp32 master would only add memory). ``precision.dtype`` must be settled
-    (not ``auto``)."""
-    p = cfg.parallel
-    if p.zero_engine != "auto":
-        return p.zero_engine == "buffers"
-    return (data_parallel > 1 and p.zero_stage in (1, 2)
-            and cfg.precision.dtype in ("bf16", "fp32"))

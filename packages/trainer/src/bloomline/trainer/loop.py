@@ -40,6 +40,7 @@ from bloomline.trainer.malloc import tune_malloc
 from bloomline.trainer.model_source import load_initial_weights
 from bloomline.trainer.optim import learning_rate
 from bloomline.trainer.parallel import build_mesh, init_distributed, world_info
+from bloomline.trainer.parallel.zero_engine import describe_zero
 from bloomline.trainer.reporting.clock import now
 from bloomline.trainer.reporting.monitor import RunMonitor
 from bloomline.trainer.run_checkpoints import RunCheckpoints
@@ -198,7 +199,8 @@ class Trainer:
         source = self.spec.model_source
         initialized = source.path if not resumed and source.kind == "init" else None
         # the matmul peak first, while nothing else of this run computes (reporting/monitor.py)
-        self.monitor.start(resumed, initialized, source.format)
+        self.monitor.start(resumed, initialized, source.format,
+                           describe_zero(self.cfg, self.layout.dp))
         if self.skips:
             self.log(f"skipping train samples {self.skips.to_list()}")
         total = self.total_steps()

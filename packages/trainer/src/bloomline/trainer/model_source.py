@@ -26,6 +26,7 @@ from pathlib import Path
 from bloomline.common.errors import UserError
 from bloomline.trainer import checkpoint as ckpt
 from bloomline.trainer.hf import import_hf, read_model_config
+from bloomline.trainer.master_weights import master_weights_of
 from bloomline.trainer.model.config import ModelConfig
 
 __all__ = ["ARCHITECTURE_FIELDS", "ModelSource", "load_initial_weights",
@@ -163,9 +164,7 @@ def load_initial_weights(model, source: ModelSource, group=None) -> None:
     if missing:
         raise UserError(f"checkpoint.init_from {source.path}: no tensor for "
                         f"{', '.join(missing[:3])}")
-    from bloomline.trainer.parallel.distributed_optimizer import distributed_optimizer_of
-
-    engine = distributed_optimizer_of(model)
+    engine = master_weights_of(model)
     if engine is not None:  # the buffers engine: the fp32 masters take the source's values
         engine.load_full(full, {param: name for name, param in model.named_parameters()})
         return

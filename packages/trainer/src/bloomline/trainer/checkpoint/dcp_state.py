@@ -14,6 +14,8 @@ from collections.abc import Iterator
 
 import torch
 
+from bloomline.trainer.master_weights import master_weights_of
+
 __all__ = ["dcp_quiet", "model_state_target", "saved_state_dict", "state_dict_options"]
 
 # DCP warns on every call without a process group that it assumes a single process; that is
@@ -53,7 +55,7 @@ def saved_state_dict(model, optimizer) -> dict:
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, get_state_dict
 
     never_stepped = not optimizer.state
-    if hasattr(optimizer, "master_state"):  # the buffers engine: its fp32 masters are saved
+    if master_weights_of(model) is not None:  # the buffers engine: its fp32 masters are saved
         model_state = model_state_target(model)
         optim_state = get_optimizer_state_dict(model, optimizer, options=state_dict_options())
     else:
@@ -72,10 +74,8 @@ def model_state_target(model) -> dict:
     layout of the FSDP2 engine's checkpoints (fp32 tensors of the global shapes)."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-    from bloomline.trainer.parallel.distributed_optimizer import distributed_optimizer_of
-
     state = get_model_state_dict(model)
-    engine = distributed_optimizer_of(model)
+    engine = master_weights_of(model)
     if engine is not None:
         names = {param: name for name, param in model.named_parameters()}
         masters = engine.master_state(names)

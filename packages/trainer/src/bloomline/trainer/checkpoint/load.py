@@ -22,6 +22,7 @@ from bloomline.trainer.checkpoint.layout import RNG_FILE, STATE_FILE
 from bloomline.trainer.checkpoint.manifest import verify_checkpoint
 from bloomline.trainer.checkpoint.metadata import dcp_load
 from bloomline.trainer.checkpoint.rng_state import set_rng_state
+from bloomline.trainer.master_weights import master_weights_of
 
 __all__ = ["load_checkpoint"]
 
@@ -45,8 +46,6 @@ def load_checkpoint(checkpoint: str | Path, model, optimizer=None, verified: boo
         set_state_dict,
     )
 
-    from bloomline.trainer.parallel.distributed_optimizer import distributed_optimizer_of
-
     checkpoint = Path(checkpoint)
     if not verified:
         problems = verify_checkpoint(checkpoint, group)
@@ -54,7 +53,7 @@ def load_checkpoint(checkpoint: str | Path, model, optimizer=None, verified: boo
             more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
             raise UserError(f"{checkpoint}: damaged or incomplete checkpoint: {problems[0]}"
                             f"{more}; run `trainer verify-checkpoint {checkpoint}`")
-    engine = distributed_optimizer_of(model)  # the buffers engine loads into its masters
+    engine = master_weights_of(model)  # the buffers engine loads into its masters
     if optimizer is None:
         state = {"model": model_state_target(model)}
     else:

@@ -40,7 +40,7 @@ def parallelize(model, mesh, layout: Layout, cfg):
     if cfg.train.compile:
         for block in _blocks(model):
             block.compile()
-    from bloomline.trainer.config_rules import uses_buffers_engine  # it imports mesh.py
+    from bloomline.trainer.parallel.zero_engine import uses_buffers_engine
 
     if uses_buffers_engine(cfg, layout.dp):
         return model  # its optimizer holds the gradient buffers (build.py)

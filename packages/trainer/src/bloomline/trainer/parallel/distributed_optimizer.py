@@ -23,23 +23,15 @@ sets ``lr`` on them; DCP maps them to names).
 
 from __future__ import annotations
 
-import weakref
-
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from bloomline.trainer.master_weights import register_master_weights
 from bloomline.trainer.parallel.grad_buffers import GradBuffers
 from bloomline.trainer.parallel.sharded_optimizer_state import ModelParameterView
 
-__all__ = ["DistributedOptimizer", "distributed_optimizer_of"]
-
-_OPTIMIZERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def distributed_optimizer_of(model) -> DistributedOptimizer | None:
-    """The distributed optimizer stepping ``model`` (None: another engine)."""
-    return _OPTIMIZERS.get(model)
+__all__ = ["DistributedOptimizer"]
 
 
 def _piece_layout(param: torch.Tensor, mesh, dp_rank: int):
@@ -150,7 +142,7 @@ class DistributedOptimizer(ModelParameterView):
             if param.dtype != compute_dtype:
                 _cast(param, compute_dtype)
         self.buffers.install_hooks()
-        _OPTIMIZERS[model] = self
+        register_master_weights(model, self)  # the checkpoint and init_from ask there
 
     # -- what DCP and the trainer read (the state, under the model's names: the base class) ----
     def master_state(self, names: dict[torch.Tensor, str]) -> dict[str, torch.Tensor]:

@@ -26,7 +26,7 @@ from dataclasses import asdict
 from torch import device as torch_device
 
 from bloomline.common.errors import UserError
-from bloomline.trainer.config_rules import uses_buffers_engine
+from bloomline.trainer.parallel.zero_engine import uses_buffers_engine
 from bloomline.trainer.plan.devices import DEVICES, Device, device
 from bloomline.trainer.plan.memory_formulas import (
     Layout,

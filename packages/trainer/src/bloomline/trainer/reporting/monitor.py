@@ -165,10 +165,12 @@ class RunMonitor:
         self.last_loss: tuple[int, float] | None = None
 
     # -- the run's start and end ----------------------------------------------------------
-    def start(self, resumed: Path | None, initialized: Path | None, init_format: str) -> None:
+    def start(self, resumed: Path | None, initialized: Path | None, init_format: str,
+              zero: str = "") -> None:
         """Resolve the matmul peak (while nothing else of this run computes: the loader
         workers, TensorBoard's writer and checkpoint threads start later), write the run
-        files and log the run's first line."""
+        files and log the run's first line (``zero``: the ZeRO stage and its engine, in
+        words; ``parallel.zero_engine.describe_zero``)."""
         cfg = self.cfg
         self.peak = resolve_peak(cfg.monitor.peak_flops, self.device, self.precision.dtype,
                                  self.run_dir, self._measure_peak, is_writer=self.is_main)
@@ -179,9 +181,12 @@ class RunMonitor:
                           "layout": self.layout.describe(), "resumed_from": str(resumed or "")}
         if initialized:
             self._run_info["initialized_from"] = str(initialized)
+        if zero:
+            self._run_info["zero"] = zero
         self._write_run_files()
         self.log(f"model: {self._run_info['parameters']:,} parameters; "
-                 f"{self.layout.describe()}; device {self.device}; {self.precision.name}; "
+                 f"{self.layout.describe()}; " + (f"{zero}; " if zero else "")
+                 + f"device {self.device}; {self.precision.name}; "
                  f"matmul peak {self.peak.describe()}"
                  + (f"; resumed from {resumed}" if resumed else "")
                  + (f"; weights from {initialized} ({init_format}), optimizer "

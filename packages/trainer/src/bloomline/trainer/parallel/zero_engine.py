@@ -1,0 +1,34 @@
+"""Which engine implements a run's ZeRO stage: the buffers engine (``distributed_optimizer.py``,
+Megatron's distributed optimizer) or FSDP2 (``data_parallel.py``). Decided from the settled
+config alone, so that the build, the planner and the run's first log line agree.
+"""
+
+from __future__ import annotations
+
+__all__ = ["describe_zero", "uses_buffers_engine"]
+
+
+def uses_buffers_engine(cfg, data_parallel: int) -> bool:
+    """Whether ZeRO runs on the buffers engine (``parallel/distributed_optimizer.py``): asked
+    for, or ``auto`` at ZeRO-1/2 over dp > 1 in bf16 or fp32 (fp16's dynamic loss scaling
+    stays on FSDP2, whose gradients the scaler unscales; at dp 1 there is nothing to shard,
+    and a separate fp32 master would only add memory). ``precision.dtype`` must be settled
+    (not ``auto``)."""
+    p = cfg.parallel
+    if p.zero_engine != "auto":
+        return p.zero_engine == "buffers"
+    return (data_parallel > 1 and p.zero_stage in (1, 2)
+            and cfg.precision.dtype in ("bf16", "fp32"))
+
+
+def describe_zero(cfg, data_parallel: int) -> str:
+    """The run's ZeRO stage and what implements it, for its first log line ("" when there is
+    no data parallelism to shard over)."""
+    stage = cfg.parallel.zero_stage
+    if data_parallel == 1 and stage == 0:
+        return ""
+    if uses_buffers_engine(cfg, data_parallel):
+        weights = "bf16" if cfg.precision.dtype == "bf16" else "fp32"
+        return (f"ZeRO-{stage} on the distributed optimizer ({weights} parameters, fp32 "
+                "gradient buffers, fp32 master and Adam sharded over dp)")
+    return f"ZeRO-{stage} on FSDP2"
