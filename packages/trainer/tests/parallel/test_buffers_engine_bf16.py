@@ -7,7 +7,8 @@ processes)."""
 from __future__ import annotations
 
 import pytest
-from equivalence import run_steps
+import torch
+from equivalence import GBS, LR, MBS, SEQ, VOCAB, run_steps
 
 from bloomline.trainer.parallel.local_processes import run_distributed
 
@@ -25,11 +26,20 @@ def _engine_and_losses(sections: dict) -> dict:
     result["engine"] = master_weights_of(trainer.model) is not None
     result["local_dtypes"] = sorted({str(getattr(p, "to_local", lambda p=p: p)().dtype)
                                      for p in trainer.model.parameters()})
+    # one step more: were the buckets reduced from backward (the stage's last one), or all
+    # at the end of the step?
+    dp = trainer.layout.dp
+    tokens = torch.randint(0, VOCAB, (MBS, SEQ + 1))
+    trainer.train_step([tokens] * (GBS // (MBS * dp)), LR)
+    buffers = trainer.optimizer.buffers
+    result["buckets"] = (len(buffers.buckets), buffers.started_in_backward)
     return result
 
 
 def _assert_follows(want: dict, got: dict) -> None:
     assert got["engine"] and got["local_dtypes"] == ["torch.bfloat16"], got["local_dtypes"]
+    buckets, started_in_backward = got["buckets"]
+    assert started_in_backward >= buckets > 0, got["buckets"]  # overlapped with backward
     for step, (a, b) in enumerate(zip(want["losses"], got["losses"], strict=True)):
         assert abs(a - b) <= 5e-4 * a, (step, a, b)
     for step, (a, b) in enumerate(zip(want["grad_norms"], got["grad_norms"], strict=True)):
@@ -42,8 +52,9 @@ def test_pp2_dp2_bf16_on_the_buffers_engine_follows_one_process(zero_stage, sche
     """Bug: under pp the bf16 stages' gradients miss the tied copy's sum (it must be summed
     on the owned rows after the dp reduction, both stages laying the weight out alike), the
     clip norm counts the tied weight twice or one stage only, or a stage's all-gather writes
-    stale weights: losses within 5e-4 relative and gradient norms within 2e-3 (half a bf16
-    ulp) of one bf16 process, every local parameter bf16 on the engine. The parameters are
+    stale weights, or the buckets wait for the end of the step instead of being reduced from
+    the stage's last backward: losses within 5e-4 relative and gradient norms within 2e-3
+    (half a bf16 ulp) of one bf16 process, every local parameter bf16 on the engine. The parameters are
     bf16 here, fp32 under autocast there (the LayerNorms and biases see bf16-rounded
     values): dp2 alone on the engine differs from one process by 1.3e-4 in loss and 1.1e-3
     in norm already.

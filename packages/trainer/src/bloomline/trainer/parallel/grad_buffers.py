@@ -221,6 +221,7 @@ class GradBuffers:
         self.buckets: list[Bucket] = []
         self._where: dict[torch.Tensor, tuple[Bucket, Region]] = {}
         seen: set[int] = set()
+        chunks = list(chunks)
         for chunk in chunks:
             params = [p for p in chunk.parameters() if p.requires_grad and id(p) not in seen]
             seen.update(id(p) for p in params)
@@ -238,7 +239,8 @@ class GradBuffers:
             for region in bucket.regions:
                 self._where[region.param] = (bucket, region)
         self._hooks: list = []
-        _BUFFERS[model] = self
+        for module in (model, *chunks):  # a pipeline stage's schedule sets the sync per chunk
+            _BUFFERS[module] = self
 
     def install_hooks(self) -> None:
         """Start accumulating: a post-accumulate-grad hook on every parameter (installed

@@ -69,6 +69,7 @@ from torch.distributed.pipelining import (
 )
 
 from bloomline.trainer.parallel import parallelize
+from bloomline.trainer.parallel.grad_buffers import set_sync
 from bloomline.trainer.parallel.partition import partition_layers
 from bloomline.trainer.torch_compat import after_sends_waited, sends_followed
 
@@ -379,6 +380,14 @@ class _Stage(PipelineStage):
     def forward_one_chunk(self, fwd_chunk_id, *args, **kwargs):
         self.submod.set_activation_stats(self.activation_stats and fwd_chunk_id == 0)
         return super().forward_one_chunk(fwd_chunk_id, *args, **kwargs)
+
+    def backward_one_chunk(self, bwd_chunk_id, loss=None, full_backward=True,
+                           last_backward=False):
+        # the buffers engine reduces a bucket as soon as the stage's last backward completes
+        # it, overlapping the rest of that backward (FSDP2 modules: the stage's own handling)
+        set_sync(self.submod, last_backward)
+        return super().backward_one_chunk(bwd_chunk_id, loss=loss, full_backward=full_backward,
+                                          last_backward=last_backward)
 
     def get_fwd_send_ops(self, fwd_chunk_id: int) -> list:
         ops = super().get_fwd_send_ops(fwd_chunk_id)
