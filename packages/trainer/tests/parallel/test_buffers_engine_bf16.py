@@ -51,14 +51,14 @@ def _assert_follows(want: dict, got: dict) -> None:
 def test_pp2_dp2_bf16_on_the_buffers_engine_follows_one_process(zero_stage, schedule):
     """Bug: under pp the bf16 stages' gradients miss the tied copy's sum (it must be summed
     on the owned rows after the dp reduction, both stages laying the weight out alike), the
-    clip norm counts the tied weight twice or one stage only, or a stage's all-gather writes
+    clip norm counts the tied weight twice or one stage only, a stage's all-gather writes
     stale weights, or the buckets wait for the end of the step instead of being reduced from
-    the stage's last backward: losses within 5e-4 relative and gradient norms within 2e-3
-    (half a bf16 ulp) of one bf16 process, every local parameter bf16 on the engine. The parameters are
-    bf16 here, fp32 under autocast there (the LayerNorms and biases see bf16-rounded
-    values): dp2 alone on the engine differs from one process by 1.3e-4 in loss and 1.1e-3
-    in norm already.
-    Without the tied-copy sum the losses leave the bound at step 2 (tried)."""
+    the stage's last backward. Bounds: losses within 5e-4 relative and gradient norms within
+    2e-3 (half a bf16 ulp) of one bf16 process; every local parameter bf16 on the engine.
+    The parameters are bf16 here, fp32 under autocast there (the LayerNorms and biases see
+    bf16-rounded values): dp2 alone on the engine differs from one process by 1.3e-4 in loss
+    and 1.1e-3 in norm already. Without the tied-copy sum the losses leave the bound at
+    step 2 (tried)."""
     want = run_steps(BF16)
     parallel = {"pipeline_parallel": 2, "data_parallel": 2, "zero_stage": zero_stage,
                 "pipeline_schedule": schedule}
