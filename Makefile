@@ -112,7 +112,8 @@ bench-inspect: $(STAMP)
 	$(BIN)/python -m benchmarks.inspect
 
 # transformers (the baseline it compares against) comes with the compatibility oracles; the
-# loader part uses the demo corpus, which the benchmark makes with dataprep when it is missing
+# loader part uses the demo corpus, which the benchmark makes with dataprep when it is missing;
+# at dp 2 (gloo processes) the ZeRO-1/2 buffers engine beside fsdp2's (--skip-dp: without)
 bench-train: $(STAMP) $(STAMP_CMP)
 	$(BIN)/python -m benchmarks.train
 
@@ -120,8 +121,9 @@ bench-train: $(STAMP) $(STAMP_CMP)
 bench-step-parts: $(STAMP)
 	$(BIN)/python -m benchmarks.step_parts
 
-# ZeRO memory and bytes per rank, pipeline bubbles: CPU processes on gloo (GPU throughput of the
-# 350M/1.3B recipes: benchmarks/gpu_throughput.sh, on a machine with GPUs)
+# ZeRO memory and bytes per rank, pipeline bubbles, the ZeRO-1/2 engines side by side (step
+# time, collective calls per step): CPU processes on gloo (GPU throughput of the 350M/1.3B
+# recipes: benchmarks/gpu_throughput.sh, on a machine with GPUs)
 bench-parallel: $(STAMP)
 	$(BIN)/python -m benchmarks.parallel
 

@@ -5,7 +5,8 @@ Every part runs its ranks as real processes (``bloomline.trainer.parallel.local_
 torchrun's environment, gloo, one torch thread per process) on this machine's cores.
 
 (1) ZeRO memory per rank. ``Trainer`` (the GPT below, fp32 with AdamW, one micro-batch of
-    ``MBS`` samples per rank per step) with ``parallel.zero_stage`` 0 (DDP), 1, 2, 3 and 3 +
+    ``MBS`` samples per rank per step) with ``parallel.zero_stage`` 0 (DDP), 1 and 2 on both
+    engines (``parallel.zero_engine`` fsdp2 and buffers, named in the row), 3 and 3 +
     ``parallel.offload``, at dp = 2 and dp = 4. On every rank it counts the bytes of the
     tensor storages the rank actually holds (local shards of DTensors; a storage shared by
     several tensors, like FSDP2's padded shards, counted once; one freed by a reshard counts
@@ -66,18 +67,38 @@ torchrun's environment, gloo, one torch thread per process) on this machine's co
     the gradients, 3 (N - 1)/N x 4 Psi; the paper's stages 1 and 2 communicate as DDP. A
     second column counts what this implementation must send on gloo, whose reduce-scatter is
     an all-reduce (it writes the whole tensor, not (N - 1)/N of it;
-    ``benchmarks/results/parallel.md``): 2, 3, 3, 4 x (N - 1)/N x 4 Psi for stages 0, 1, 2, 3 (our
-    ZeRO-1 all-reduces the whole gradient, then all-gathers the updated shards). The loss average
+    ``benchmarks/results/parallel.md``): 2, 3, 3, 4 x (N - 1)/N x 4 Psi for stages 0, 1, 2, 3
+    (fsdp2's ZeRO-1 all-reduces the whole gradient, then all-gathers the updated shards; the
+    buffers engine reduce-scatters its fp32 gradient buckets, then all-gathers the updated
+    rows, in fp32 here: the same count on gloo at both stages). The loss average
     and the gradient-norm all-reduce add a few bytes. Targets: DDP and ZeRO-3 within 10% of the
     ring theory; every stage within 10% of its count on gloo (nothing sent twice).
 
+(4) The ZeRO-1/2 engines side by side (``benchmarks/parallel_engines.py``): the buffers engine
+    (``parallel.zero_engine = "buffers"``: Megatron's distributed optimizer, fp32 gradient
+    buckets, one reduce-scatter and one all-gather per bucket) against FSDP2's
+    (``zero_engine = "fsdp2"``), ZeRO-1 and ZeRO-2, on the GPT of (1), at each dp of
+    ``--engine-dp``, in fp32 and bf16 (skipped where the CPU has no fast bf16 path), with 1 and
+    4 micro-batches per step. One ``Trainer`` per case, all built in the same ranks and
+    stepped in interleaved rounds. Per case: the step time (median over the measured steps of
+    the slowest rank's ``train_step``) and its ratio to FSDP2's (median of per-round ratios);
+    the collective calls per step, counted on rank 0 by wrapping the ``torch.distributed`` and
+    functional-collective functions both engines call (``harness/collectives.py``), with the
+    calls gloo itself ran in a profiled step as the cross-check; the bytes sent per step
+    (``wchar``, as (3)) against what the engine must send on gloo
+    (``parallel_engines.engine_theory``); the model states at the optimizer step (as (1)) and
+    the peak of the step (what the case held when the step began plus the most torch
+    allocated during it, from the profiler's memory events); the loss after the last step.
+
 The machine's load is printed as in ``benchmarks.train``: load averages and the busiest processes
 before the run, and the cores other processes kept busy during each part (/proc/stat minus
-this process and its children); a warning follows when that exceeded a quarter of a core
-(the memory and byte counts do not depend on it; the matmul bubbles do).
+this process and its descendants: the ranks are forked by a live forkserver); a warning
+follows when that exceeded a quarter of a core (the memory and byte counts do not depend on
+it; the matmul bubbles do).
 
 Run: ``make bench-parallel`` or ``python -m benchmarks.parallel [--quick]
-[--parts zero,pipeline] [--dp 2,4] [--pp 2,4] [--compute wait,matmul,gpt]``. Run time and
+[--parts zero,pipeline,engines] [--dp 2,4] [--pp 2,4] [--compute wait,matmul,gpt]
+[--engine-dp 2] [--engine-precisions fp32,bf16] [--engine-micro-batches 1,4]``. Run time and
 last result: ``benchmarks/results/parallel.md``, ``results/bench_parallel.txt``. The GPU throughput
 of the 350M and 1.3B recipes is ``benchmarks/gpu_throughput.sh`` (needs GPUs).
 """
@@ -89,7 +110,18 @@ import os
 import statistics
 import warnings
 
-from benchmarks.harness.machine import OtherLoad, load_average, machine_report
+from benchmarks.harness.machine import (
+    OtherLoad,
+    descendants_cpu_seconds,
+    load_average,
+    machine_report,
+)
+from benchmarks.parallel_engines import (
+    engine_cases,
+    engine_summary,
+    engines_worker,
+    print_engine_table,
+)
 from benchmarks.parallel_pipeline import (
     GPT_HIDDEN,
     GPT_LAYERS,
@@ -113,6 +145,7 @@ from benchmarks.parallel_zero import (
     SEQ,
     VOCAB,
     ZERO_VARIANTS,
+    engine_setup,
     zero_theory,
     zero_worker,
 )
@@ -128,7 +161,7 @@ def measure_zero(args) -> dict:
     results = {}
     for dp in args.dp:
         print(f"ZeRO: {len(ZERO_VARIANTS)} variants at dp = {dp} ...", flush=True)
-        load = OtherLoad().start()
+        load = OtherLoad(descendants_cpu_seconds).start()
         ranks = run_distributed(dp, zero_worker, dp, ZERO_VARIANTS, args.zero_steps)
         results[dp] = {"ranks": ranks, "other": load.cores()}
         print(f"ZeRO dp = {dp}: done; other processes {results[dp]['other']:.2f} cores",
@@ -142,13 +175,35 @@ def measure_pipeline(args) -> dict:
         kinds = [k for k in args.compute if k == "wait" or p <= 2]  # CPU work: p <= 2 only
         configs = [c for kind in kinds for c in pipeline_configs(p, kind, args.quick)]
         print(f"pipeline: {len(configs)} configurations on p = {p} ranks ...", flush=True)
-        load = OtherLoad().start()
+        load = OtherLoad(descendants_cpu_seconds).start()
         ranks = run_distributed(p, pipeline_worker, p, configs, args.pipe_rounds,
                                 args.pipe_steps)
         results[p] = {"ranks": ranks, "other": load.cores()}
         print(f"pipeline p = {p}: done; other processes {results[p]['other']:.2f} cores",
               flush=True)
     return results
+
+
+def measure_engines(args) -> dict:
+    import torch
+
+    from bloomline.trainer.precision import fast_low_precision
+
+    precisions = [p for p in args.engine_precisions
+                  if p == "fp32" or fast_low_precision(p, torch.device("cpu"))]
+    skipped = sorted(set(args.engine_precisions) - set(precisions))
+    cases = engine_cases(precisions, args.engine_micro_batches)
+    results = {}
+    for dp in args.engine_dp:
+        print(f"engines: {len(cases)} cases at dp = {dp} ...", flush=True)
+        load = OtherLoad(descendants_cpu_seconds).start()
+        ranks = run_distributed(dp, engines_worker, engine_setup, dp, cases,
+                                args.engine_rounds, args.engine_steps, args.engine_warmup)
+        results[dp] = {"summary": engine_summary(ranks, dp), "other": load.cores()}
+        print(f"engines dp = {dp}: done; other processes {results[dp]['other']:.2f} cores",
+              flush=True)
+    return {"dp": results, "skipped": skipped, "rounds": args.engine_rounds,
+            "steps": args.engine_steps, "warmup": args.engine_warmup}
 
 
 # ---------------------------------------------------------------------------- reporting
@@ -161,7 +216,7 @@ def _mib(value: float | None) -> str:
 def _zero_rows(results: dict):
     """(dp, label, stage, offload, per-rank results or None, error) in table order."""
     for dp, res in results.items():
-        for label, (stage, offload) in ZERO_VARIANTS.items():
+        for label, (stage, offload, _engine) in ZERO_VARIANTS.items():
             found = [r["variants"][label] for r in res["ranks"]]
             yield dp, label, stage, offload, (None if "error" in found[0] else found), \
                 found[0].get("error")
@@ -241,12 +296,48 @@ def report_bytes(results: dict, targets: list, notes: list) -> None:
           "(wchar of /proc/self/io, median over steps); theory: the paper's, with ring "
           "collectives: 2(N-1)/N x 4 Psi (stages 0-2), 3(N-1)/N x 4 Psi (stage 3); on gloo: "
           "what this implementation must send on gloo, where a reduce-scatter costs an "
-          "all-reduce: 2, 3, 3, 4 x (N-1)/N x 4 Psi for stages 0, 1, 2, 3 (ZeRO-1 all-reduces "
-          "the whole gradient, then all-gathers the updated shards); collectives: gloo's, "
-          "from one profiled step on rank 0, with the mean MiB of their first input (FSDP2's "
-          "reduce-scatters appear as all_reduce).")
+          "all-reduce: 2, 3, 3, 4 x (N-1)/N x 4 Psi for stages 0, 1, 2, 3 (fsdp2's ZeRO-1 "
+          "all-reduces the whole gradient, then all-gathers the updated shards; the buffers "
+          "engine reduce-scatters its fp32 buckets, then all-gathers the updated rows, fp32 "
+          "here); collectives: gloo's, from one profiled step on rank 0, with the mean MiB of "
+          "their first input (reduce-scatters appear as all_reduce).")
     for dp, res in results.items():
         notes.append(f"ZeRO dp {dp}: other processes {res['other']:.2f} cores during the runs")
+
+
+def report_engines(measured: dict, targets: list, notes: list) -> None:
+    results = measured["dp"]
+    summaries = {dp: res["summary"] for dp, res in results.items()}
+    print_engine_table("(4) ZeRO-1/2 engines: buffers beside fsdp2, same ranks, interleaved "
+                       "rounds", summaries, notes, targets)
+    first = next((f for s in summaries.values() for f in s.values() if "numel" in f), None)
+    numel = first["numel"] if first else 0
+    print(f"model: the GPT of (1) (Psi = {numel:,}), micro-batch {MBS} x L {SEQ} per rank; mb: "
+          "micro-batches per step. step ms: the median over "
+          f"{measured['rounds']} rounds x {measured['steps']} steps (after "
+          f"{measured['warmup']} warm-up steps) of the slowest rank's train_step; vs fsdp2: the "
+          "median of per-round ratios of the round's median step (below 1: buffers faster); "
+          "calls: collective calls in one step on rank 0 (the wrapped torch.distributed and "
+          "functional-collective functions; '~': not the same on every step); gloo ops: the "
+          "collectives gloo ran in one profiled step on rank 0 (the cross-check: equal to "
+          "calls when every path is wrapped); sent MiB: written to sockets per step (median, "
+          "max over ranks); on gloo: what the engine must send (fsdp2 ZeRO-1: 3 x (N-1)/N x 4 "
+          "Psi per step; fsdp2 ZeRO-2: 3 x (N-1)/N x 4 Psi per micro-batch; buffers: 2 x "
+          "(N-1)/N x 4 Psi per reduce-scatter (once per step at ZeRO-1, per micro-batch at "
+          "ZeRO-2: gloo's reduce-scatter costs an all-reduce) + (N-1)/N x Psi x 2 (bf16) or 4 "
+          "bytes for the all-gather); states: model states at the optimizer step (MiB, as "
+          "(1); the buffers engine's bf16 runs hold bf16 parameters, fp32 gradient buffers "
+          "and fp32 master rows); peak: held at the step's start + the most torch allocated "
+          "during it (MiB, max over ranks; profiler memory events); loss: rank 0's after the "
+          "last step (both engines see the same batches: equal in fp32; in bf16 the buffers "
+          "engine computes with bf16 parameters, fsdp2 with fp32 ones under autocast); "
+          "collectives: per step on rank 0, calls x the mean MiB of the whole tensor (an "
+          "all-gather's output, a reduce-scatter's input).")
+    for precision in measured["skipped"]:
+        notes.append(f"engines: {precision} skipped: this CPU has no fast {precision} path")
+    for dp, res in results.items():
+        notes.append(f"engines dp {dp}: other processes {res['other']:.2f} cores during the "
+                     "runs")
 
 
 def report_pipeline(results: dict, targets: list, notes: list) -> None:
@@ -298,7 +389,7 @@ def report_pipeline(results: dict, targets: list, notes: list) -> None:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--parts", default="zero,pipeline")
+    parser.add_argument("--parts", default="zero,pipeline,engines")
     parser.add_argument("--dp", default="2,4", help="data-parallel sizes of the ZeRO part")
     parser.add_argument("--pp", default="2,4", help="pipeline sizes of the bubble part")
     parser.add_argument("--compute", default="wait,matmul,gpt",
@@ -306,26 +397,44 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--zero-steps", type=int, default=3, help="measured steps per variant")
     parser.add_argument("--pipe-rounds", type=int, default=3, help="interleaved rounds")
     parser.add_argument("--pipe-steps", type=int, default=1, help="steps per config per round")
+    parser.add_argument("--engine-dp", default="2", help="data-parallel sizes of the engines")
+    parser.add_argument("--engine-precisions", default="fp32,bf16")
+    parser.add_argument("--engine-micro-batches", default="1,4",
+                        help="micro-batches per step of the engines part")
+    parser.add_argument("--engine-rounds", type=int, default=5,
+                        help="interleaved rounds of the engines part")
+    parser.add_argument("--engine-steps", type=int, default=3,
+                        help="steps per case per round of the engines part")
+    parser.add_argument("--engine-warmup", type=int, default=2,
+                        help="warm-up steps per case of the engines part")
     parser.add_argument("--quick", action="store_true",
-                        help="dp 2 and p 2 only, fewer micro-batch counts, 1 round")
+                        help="dp 2 and p 2 only, fewer micro-batch counts, 1 round; engines: "
+                             "1 micro-batch, 2 rounds of 1 step")
     args = parser.parse_args(argv)
     args.dp = [int(v) for v in args.dp.split(",")]
     args.pp = [int(v) for v in args.pp.split(",")]
     args.compute = args.compute.split(",")
+    args.engine_dp = [int(v) for v in args.engine_dp.split(",")]
+    args.engine_precisions = args.engine_precisions.split(",")
+    args.engine_micro_batches = [int(v) for v in args.engine_micro_batches.split(",")]
     if args.quick:
         args.dp, args.pp, args.zero_steps, args.pipe_rounds = [2], [2], 2, 1
+        args.engine_dp, args.engine_micro_batches = [2], [1]
+        args.engine_rounds, args.engine_steps, args.engine_warmup = 2, 1, 1
     return args
 
 
 def measure(args: argparse.Namespace) -> dict:
-    """``{"zero": {dp: {"ranks", "other"}}, "pipeline": {p: {"ranks", "other"}}}``, a part
-    not asked for empty; the machine header printed first."""
+    """``{"zero": {dp: {"ranks", "other"}}, "pipeline": {p: {"ranks", "other"}},
+    "engines": {"dp": {dp: {"summary", "other"}}, ...}}``, a part not asked for empty; the
+    machine header printed first."""
     parts = set(args.parts.split(","))
     warnings.filterwarnings("ignore")
     os.environ.setdefault("PYTHONWARNINGS", "ignore")  # the spawned ranks too
     print(machine_report("gloo"), flush=True)
     return {"zero": measure_zero(args) if "zero" in parts else {},
-            "pipeline": measure_pipeline(args) if "pipeline" in parts else {}}
+            "pipeline": measure_pipeline(args) if "pipeline" in parts else {},
+            "engines": measure_engines(args) if "engines" in parts else {}}
 
 
 def report(measured: dict) -> int:
@@ -341,6 +450,10 @@ def report(measured: dict) -> int:
     if pipe:
         report_pipeline(pipe, targets, notes)
         others += [r["other"] for r in pipe.values()]
+    engines = measured.get("engines")
+    if engines:
+        report_engines(engines, targets, notes)
+        others += [r["other"] for r in engines["dp"].values()]
     for note in notes:
         print(note)
     if others and max(others) > 0.25:

@@ -21,17 +21,20 @@ from bloomline.trainer.config import Config
 from bloomline.trainer.loop import Trainer
 
 __all__ = ["FP32", "HEADS", "HIDDEN", "LAYERS", "MBS", "SEQ", "VOCAB", "ZERO_VARIANTS",
-           "zero_config", "zero_theory", "zero_worker"]
+           "engine_setup", "zero_config", "zero_theory", "zero_worker"]
 
 # the GPT of the ZeRO runs
 VOCAB, HIDDEN, LAYERS, HEADS, SEQ, MBS = 2048, 256, 4, 8, 64, 4
-VOCAB, HIDDEN, LAYERS, HEADS, SEQ, MBS = 2048, 256, 4, 8, 64, 4
-ZERO_VARIANTS = {"ZeRO-0 (DDP)": (0, False), "ZeRO-1": (1, False), "ZeRO-2": (2, False),
-                 "ZeRO-3": (3, False), "ZeRO-3 + offload": (3, True)}
+# label -> (zero_stage, offload, zero_engine): ZeRO-1/2 on both engines (``auto`` would pick
+# the buffers engine for them, FSDP2 for the others)
+ZERO_VARIANTS = {"ZeRO-0 (DDP)": (0, False, "fsdp2"),
+                 "ZeRO-1 fsdp2": (1, False, "fsdp2"), "ZeRO-1 buffers": (1, False, "buffers"),
+                 "ZeRO-2 fsdp2": (2, False, "fsdp2"), "ZeRO-2 buffers": (2, False, "buffers"),
+                 "ZeRO-3": (3, False, "fsdp2"), "ZeRO-3 + offload": (3, True, "fsdp2")}
 FP32 = 4
 
 
-def zero_config(dp: int, stage: int, offload: bool):
+def zero_config(dp: int, stage: int, offload: bool, engine: str = "auto"):
     cfg = Config()
     m = cfg.model
     m.vocab_size, m.hidden_size, m.num_layers, m.num_heads = VOCAB, HIDDEN, LAYERS, HEADS
@@ -43,7 +46,20 @@ def zero_config(dp: int, stage: int, offload: bool):
     cfg.optimizer.name, cfg.optimizer.lr = "adamw", 1e-3
     cfg.monitor.tensorboard = False
     cfg.parallel.zero_stage, cfg.parallel.offload = stage, offload
+    cfg.parallel.zero_engine = engine
     return cfg
+
+
+def engine_setup(dp: int, stage: int, engine: str, precision: str, micro_batches: int):
+    """``benchmarks.parallel_engines``' case on this GPT: the config (``precision``,
+    ``micro_batches`` of ``MBS`` per rank per step) and the step's micro-batches (the same on
+    every rank and every step)."""
+    cfg = zero_config(dp, stage, False, engine)
+    cfg.precision.dtype = precision
+    cfg.train.global_batch_size = MBS * dp * micro_batches
+    generator = torch.Generator().manual_seed(0)
+    return cfg, [torch.randint(0, VOCAB, (MBS, SEQ + 1), generator=generator)
+                 for _ in range(micro_batches)]
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
@@ -144,10 +160,10 @@ def zero_worker(dp: int, variants: dict, steps: int) -> dict:
 
     generator = torch.Generator().manual_seed(0)
     out = {"variants": {}}
-    for label, (stage, offload) in variants.items():
+    for label, (stage, offload, engine) in variants.items():
         count, out["counter"] = _counter(offload)
         try:
-            trainer = Trainer(zero_config(dp, stage, offload), log=lambda *_: None)
+            trainer = Trainer(zero_config(dp, stage, offload, engine), log=lambda *_: None)
         except Exception as error:  # noqa: BLE001 - a layout not built yet: reported, skipped
             out["variants"][label] = {"error": f"{type(error).__name__}: {error}"[:300]}
             continue
@@ -210,8 +226,10 @@ def zero_theory(stage: int, offload: bool, numel: int, dp: int) -> dict:
     bytes sent per rank (ring collectives: an all-gather or a reduce-scatter sends (N-1)/N of
     the full tensor, an all-reduce twice that); ``gloo``: what this implementation sends on
     gloo, whose reduce-scatter is an all-reduce (it writes the whole tensor, not half of it at
-    N = 2; ``benchmarks/results/parallel.md``): ZeRO-1 all-reduces the whole gradient then
-    all-gathers the updated shards; FSDP2 (ZeRO-2/3) reduce-scatters the gradients and
+    N = 2; ``benchmarks/results/parallel.md``): fsdp2's ZeRO-1 all-reduces the whole gradient
+    then all-gathers the updated shards; the buffers engine (ZeRO-1/2) reduce-scatters its
+    fp32 gradient buckets then all-gathers the updated rows (fp32 here), the same count on
+    gloo; FSDP2 (ZeRO-2/3) reduce-scatters the gradients and
     all-gathers the parameters once (ZeRO-2) or in forward and again in backward (ZeRO-3)."""
     params = FP32 * numel / (dp if stage >= 3 else 1)
     grads = FP32 * numel / (dp if stage >= 2 else 1)

@@ -18,6 +18,12 @@ of random token ids every step, on CPU:
   ours with ``train.compile = true``; ``--diagnose`` adds ours with ``model.attention =
   "sdpa"``, to show why ``auto`` picks eager on CPU.
 
+  (c) the ZeRO engines at dp 2 (``--dp``; ``--skip-dp`` leaves them out): ours on 2 gloo
+      processes of one thread each, ZeRO-1 and ZeRO-2 on the buffers engine against FSDP2's,
+      in each precision, in the same ranks and interleaved rounds (``benchmarks.train_dp``):
+      a row per stage and precision, and a table of step times, collective calls per step,
+      bytes sent and memory per case.
+
 The process runs with ``bloomline.trainer.malloc``'s thresholds (what ``Trainer`` does by
 default, process-wide, so the baseline gets the same allocator); ``--default-malloc`` keeps
 glibc's defaults for both.
@@ -81,6 +87,7 @@ from benchmarks.harness.train_setup import (
     random_tokens,
     trainer_config,
 )
+from benchmarks.train_dp import dp_rows, dp_table, measure_dp_engines
 from bloomline.trainer.config import Config
 from bloomline.trainer.data import MegatronSampler, make_loader, open_splits
 from bloomline.trainer.loop import Trainer
@@ -368,6 +375,8 @@ def report(measured: dict) -> int:
     targets: list[str] = []
     notes: list[str] = []
     _step_rows(results, flops, rows, targets, notes)
+    if measured.get("dp_engines"):
+        dp_rows(measured["dp_engines"], flops, rows, notes)
     if measured["activation_stats"]:
         _activation_stats_rows(measured["activation_stats"], rows, targets, notes)
     _optimizer_rows(measured["optim"], rows, notes)
@@ -381,9 +390,12 @@ def report(measured: dict) -> int:
           "warm-up steps; ratio: the median of per-round ratios (ours / baseline); limit of a "
           "step: matmul peak / FLOPs per token (ours/limit = MFU); limit of the loader: two "
           "in-process loops (2 cores).")
+    if measured.get("dp_engines"):
+        dp_table(measured["dp_engines"], notes)
     for note in notes:
         print(note)
-    busy = max(max(res["others"]) for res in results.values())
+    busy = max([max(res["others"]) for res in results.values()]
+               + ([measured["dp_engines"]["other"]] if measured.get("dp_engines") else []))
     if busy > 0.25:
         print(f"warning: other processes took up to {busy:.2f} cores during a round: the "
               "absolute rates are low and the ratios noisier than usual; rerun when idle")
@@ -413,6 +425,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--skip-hf", dest="with_hf", action="store_false",
                         help="ours only (no transformers baseline)")
     parser.add_argument("--skip-loader", action="store_true")
+    parser.add_argument("--dp", type=int, default=2,
+                        help="processes of the ZeRO engines' rows (gloo, one thread each)")
+    parser.add_argument("--skip-dp", action="store_true",
+                        help="leave out the ZeRO engines' rows at dp > 1")
     parser.add_argument("--quick", action="store_true",
                         help="a smoke run: 2 rounds of 1 step, 1 warm-up step, "
                              "1024 loader samples")
@@ -438,7 +454,7 @@ def _skipped_precisions(precisions: list[str]) -> dict[str, str]:
 def measure(args: argparse.Namespace) -> dict:
     """Every measurement of the run (progress and the machine header printed as it goes):
     ``{"args", "results": {precision: rounds}, "skipped", "activation_stats", "optim",
-    "loader"}``."""
+    "loader", "dp_engines"}``."""
     if args.with_hf:
         try:
             import transformers  # noqa: F401
@@ -458,6 +474,10 @@ def measure(args: argparse.Namespace) -> dict:
     skipped = _skipped_precisions(precisions)
     results = {precision: measure_steps(precision, args, tokens)
                for precision in precisions if precision not in skipped}
+    dp_engines = None
+    if not args.skip_dp and args.dp > 1:
+        dp_engines = measure_dp_engines(
+            args, [p for p in precisions if p not in skipped], results)
     activation_stats = None
     if results:  # the recipe's bf16 where it runs, else what did
         activation_stats = measure_activation_stats(args, tokens, "bf16" if "bf16" in results
@@ -465,7 +485,8 @@ def measure(args: argparse.Namespace) -> dict:
     optim = measure_optimizer(args)
     loader = None if args.skip_loader else measure_loader(args)
     return {"args": args, "results": results, "skipped": skipped,
-            "activation_stats": activation_stats, "optim": optim, "loader": loader}
+            "activation_stats": activation_stats, "optim": optim, "loader": loader,
+            "dp_engines": dp_engines}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,8 +21,9 @@ from pathlib import Path
 from benchmarks.harness.paths import REPO
 from bloomline.common.machine import cpu_model
 
-__all__ = ["REPO", "OtherLoad", "command_line", "cpu_busy_seconds", "cpu_model", "git_commit",
-           "header_line", "load_average", "machine_report", "relative"]
+__all__ = ["REPO", "OtherLoad", "command_line", "cpu_busy_seconds", "cpu_model",
+           "descendants_cpu_seconds", "git_commit", "header_line", "load_average",
+           "machine_report", "relative"]
 
 
 def git_commit() -> str:
@@ -90,6 +91,32 @@ def cpu_busy_seconds() -> float:
     with open("/proc/stat") as fh:
         fields = [int(v) for v in fh.readline().split()[1:]]
     return sum(fields[i] for i in (0, 1, 2, 5, 6, 7)) / os.sysconf("SC_CLK_TCK")
+
+
+def descendants_cpu_seconds() -> float:
+    """CPU seconds of this process's live descendants, each with the children it reaped
+    (``utime + stime + cutime + cstime`` of ``/proc/PID/stat``). For ``OtherLoad``'s
+    ``live_seconds`` where ranks are forked by a server process (``run_distributed``'s
+    forkserver, a live child): ``os.times`` counts reaped children only, so neither the server
+    nor the ranks it reaps would count as ours."""
+    parents: dict[int, list[int]] = {}
+    times: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:  # exited meanwhile
+            continue
+        parents.setdefault(int(fields[1]), []).append(int(entry))
+        times[int(entry)] = sum(int(v) for v in fields[11:15])
+    total, todo = 0, list(parents.get(os.getpid(), []))
+    while todo:
+        pid = todo.pop()
+        total += times.get(pid, 0)
+        todo.extend(parents.get(pid, []))
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 class OtherLoad:

@@ -21,8 +21,8 @@ from bloomline.trainer.loop import Trainer
 
 __all__ = ["BETAS", "CLIP", "COMPILED", "DATA_VOCAB", "DIAG_SDPA", "DTYPES", "EPS", "HEADS", "HF",
            "HIDDEN", "LAYERS", "LR", "MBS", "SEED", "SEQ", "TRAIN_SAMPLES", "TUNE_MALLOC", "VOCAB",
-           "WEIGHT_DECAY", "decay_groups", "hf_step", "ours_step", "random_tokens",
-           "trainer_config"]
+           "WEIGHT_DECAY", "decay_groups", "dp_engine_setup", "hf_step", "ours_step",
+           "random_tokens", "trainer_config"]
 
 LAYERS, HIDDEN, HEADS, SEQ, VOCAB, MBS = 6, 384, 6, 256, 8064, 8
 LR, BETAS, EPS, WEIGHT_DECAY, CLIP = 3e-4, (0.9, 0.95), 1e-8, 0.1, 1.0
@@ -60,6 +60,20 @@ def trainer_config(precision: str, compile_model: bool = False) -> Config:
     opt.name, opt.lr, (opt.beta1, opt.beta2), opt.eps = "adamw", LR, BETAS, EPS
     opt.weight_decay, opt.clip_grad = WEIGHT_DECAY, CLIP
     return cfg
+
+
+def dp_engine_setup(dp: int, stage: int, engine: str, precision: str, micro_batches: int,
+                    tune_malloc: bool = True):
+    """``benchmarks.parallel_engines``' case on this model: ``trainer_config(precision)`` over
+    ``dp`` ranks with ``parallel.zero_stage`` ``stage`` on ``parallel.zero_engine`` ``engine``,
+    ``micro_batches`` of ``MBS`` x ``SEQ`` per rank per step, and those micro-batches (random
+    ids, the same on every rank and step)."""
+    cfg = trainer_config(precision)
+    cfg.train.global_batch_size = MBS * dp * micro_batches
+    cfg.train.tune_malloc = tune_malloc
+    cfg.parallel.zero_stage, cfg.parallel.zero_engine = stage, engine
+    generator = torch.Generator().manual_seed(SEED)
+    return cfg, [random_tokens(generator) for _ in range(micro_batches)]
 
 
 def ours_step(precision: str, tokens: torch.Tensor, compile_model: bool = False,
