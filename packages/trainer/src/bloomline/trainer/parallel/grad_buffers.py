@@ -306,7 +306,8 @@ class GradBuffers:
         rank's updated rows of a parameter into ``rows`` (in the parameters' dtype); every
         rank's rows are then copied into each parameter's local tensor."""
         for bucket in self.buckets:
-            mine = torch.zeros(bucket.size, dtype=bucket.dtype, device=bucket.device)
+            # its padding (short ranks' rows) is gathered but never copied back: no zeros
+            mine = torch.empty(bucket.size, dtype=bucket.dtype, device=bucket.device)
             for region in bucket.regions:
                 fill(region, region.piece(mine, self.rank))
             staging = torch.empty(self.dp, bucket.size, dtype=bucket.dtype,
