@@ -47,10 +47,10 @@ def _plan(zero: int, rank: int = 0, extra=()):
 
 def test_bytes_follow_the_zero_stage():
     """The bug: bytes by kind computed from the paper's ideal instead of what this trainer
-    keeps: ZeRO-1 shards only the optimizer state over dp; ZeRO-3 shards the parameters too,
-    but under pipelining its gradients accumulate unsharded; offload moves the states to the
-    host."""
-    z0, z1, z3 = _plan(0), _plan(1), _plan(3)
+    keeps on the FSDP2 engine: ZeRO-1 shards only the optimizer state over dp; ZeRO-3 shards
+    the parameters too, but under pipelining its gradients accumulate unsharded; offload moves
+    the states to the host."""
+    z0, z1, z3 = _plan(0), _plan(1, extra=["parallel.zero_engine=fsdp2"]), _plan(3)
     assert z0.local_parameters == z1.local_parameters == 4 * z3.local_parameters  # dp 4
     assert z1.device_bytes["optimizer"] * 4 == z0.device_bytes["optimizer"]
     assert z1.device_bytes["gradients"] == z0.device_bytes["gradients"]
@@ -70,3 +70,25 @@ def test_zero3_without_pipeline_shards_gradients_and_gathers_one_block():
     z0, z3 = _plan(0, extra=flat), _plan(3, extra=flat)
     assert z3.device_bytes["gradients"] * 8 == z0.device_bytes["gradients"]  # dp 8
     assert 0 < z3.device_bytes["working"] < z0.device_bytes["working"]
+
+
+@pytest.mark.parametrize(("dtype", "tp"), [("bf16", 1), ("bf16", 2), ("fp32", 1), ("fp32", 2)])
+def test_buffers_engine_bytes_are_its_buckets_masters_and_moments(dtype, tp):
+    """The bug: a rank on the buffers engine (ZeRO-1/2 at dp > 1) reported with the FSDP2
+    engine's fp32 parameters and working copy, its gradients missed (they are the fp32
+    buckets, no parameter's ``.grad``: whole at ZeRO-1, the dp shards at ZeRO-2), or its fp32
+    master rows missed in bf16 (4/dp bytes beside Adam's 8/dp) or counted again in fp32 (where
+    they are the parameters' own rows); under tp, bf16 DTensor parameters whose local shards
+    stayed fp32 (a ``.data`` cast relabels a DTensor's dtype only)."""
+    extra = [f"precision.dtype={dtype}", f"parallel.tensor_parallel={tp}",
+             "train.global_batch_size=16"]
+    z1, z2 = _plan(1, extra=extra), _plan(2, extra=extra)
+    n, dp = z1.local_parameters, z1.dp
+    assert dp == 8 // tp and z2.local_parameters == n
+    parameter_bytes, optimizer_bytes = (2, 12) if dtype == "bf16" else (4, 8)
+    for plan in (z1, z2):
+        assert plan.device_bytes["parameters"] == parameter_bytes * n, plan.describe()
+        assert plan.device_bytes["optimizer"] == optimizer_bytes * n // dp, plan.describe()
+        assert plan.device_bytes["working"] == 0
+    assert z1.device_bytes["gradients"] == 4 * n  # the SMALL model's rows divide by dp
+    assert z2.device_bytes["gradients"] == 4 * n // dp

@@ -15,6 +15,18 @@ so that no other module checks torch's version.
   at 31.4 MB instead of 25.6 MB, with no activations live). The trackers here make that
   check on every version (on 2.13 and later it repeats torch's own), so a trace gives the
   same bytes on each (checked on 2.11, 2.13 and 2.15).
+- Memory tracker kinds (same tools), no version difference: torch's only public way to count
+  tensors made before the step, ``track_external``, counts a module's parameters, buffers and
+  gradients, an optimizer's ``state`` and, for a bare tensor, "Other". The buffers engine
+  (``parallel/distributed_optimizer.py``) keeps its gradients in fp32 bucket buffers that are
+  no parameter's ``.grad``, and its fp32 master rows as the inner optimizer's parameters, not
+  its state: ``track_as`` puts them under the tracker's gradient and optimizer kinds through
+  its private API (checked in 2.13's ``mem_tracker.py``): ``tracker._ref_class``, whose
+  members ``GRAD`` (``SHARDED_GRAD`` in ``FSDPMemTracker``) and ``OPT`` name the kinds;
+  ``tracker._WINFO``, mapping a counted storage to its ``_WeakRefInfo``; and
+  ``tracker._update_and_maybe_create_winfos(tensor, kind)``, ``track_external``'s own path,
+  which counts a new storage or moves a counted one to ``kind``. Where one of those is
+  missing, ``track_as`` raises rather than miscount.
 - Pipeline stages (``torch.distributed.pipelining``), no code here: torch 2.11's
   ``PipelineStage.forward_one_chunk`` always checks the first stage's inputs
   (``_validate_fwd_input`` -> ``_utils.validate_tensor_metadata``: shape, dtype and stride)
@@ -43,7 +55,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["after_sends_waited", "memory_tracker", "sends_followed"]
+__all__ = ["after_sends_waited", "memory_tracker", "sends_followed", "track_as"]
 
 
 def memory_tracker(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None):
@@ -90,6 +102,33 @@ def _own_fake_mode_only(base: type) -> type:
     Tracker.__name__ = Tracker.__qualname__ = base.__name__
     _TRACKERS[base] = Tracker
     return Tracker
+
+
+# the tracker's kinds for ``track_as``: the members of its reference-type enum, by preference
+_TRACKED_KINDS = {"gradients": ("GRAD", "SHARDED_GRAD"), "optimizer": ("OPT",)}
+
+
+def track_as(tracker, kind: str, tensors, move: bool = False) -> None:
+    """Count the storages of ``tensors`` (plain tensors or DTensors) in ``tracker`` (a
+    ``memory_tracker``) as ``kind``: ``"gradients"`` or ``"optimizer"`` (see the module
+    docstring). A storage the tracker counts already keeps its kind (an fp32 run's master
+    rows are views of the parameters), unless ``move``: a tensor made inside the tracked step,
+    which the tracker counted as an activation or a temporary when it was allocated."""
+    from torch.distributed._tools.common_utils import get_untyped_storages
+
+    ref_class = tracker._ref_class
+    names = [name for name in _TRACKED_KINDS[kind] if hasattr(ref_class, name)]
+    if not names or not hasattr(tracker, "_WINFO"):
+        raise RuntimeError(f"this torch's {type(tracker).__name__} has no {kind} kind or "
+                           "storage table (torch_compat.track_as)")
+    reftype = getattr(ref_class, names[0])
+    for tensor in tensors:
+        if tensor is None:
+            continue
+        if not move and any(tracker._WINFO.get(storage) is not None
+                            for storage in get_untyped_storages(tensor)):
+            continue
+        tracker._update_and_maybe_create_winfos(tensor, reftype)
 
 
 # -- pipeline send completion ----------------------------------------------------------------

@@ -10,8 +10,27 @@ never materialized or initialized, so every parameter stays a meta tensor (DTens
 locals under tp / FSDP2) and the build takes seconds even for 176B.
 
 The byte counts are what *this trainer* keeps (``precision.py``, ``optim.py``,
-``parallel/data_parallel.py``, ``parallel/pipeline.py``), read from the local shard sizes of
-the built parameters and of the optimizer's parameters, not a paper's ideal:
+``parallel/data_parallel.py``, ``parallel/distributed_optimizer.py``, ``parallel/pipeline.py``),
+read from the local shard sizes of the built parameters and of the optimizer's parameters, not
+a paper's ideal. Two engines keep them (``parallel/zero_engine.uses_buffers_engine``):
+
+The buffers engine (``parallel/distributed_optimizer.py``, Megatron's distributed optimizer:
+ZeRO-1/2 over dp > 1 in bf16 or fp32):
+
+- parameters: in the dtype the model computes with (bf16: 2 bytes, fp32: 4), read off each
+  local tensor; the model computes on them directly.
+- gradients: the fp32 bucket buffers (``parallel/grad_buffers.py``): ZeRO-1 the whole
+  ``[dp, S]`` buffers, 4 bytes per local element (and its padding); ZeRO-2 the persistent
+  fp32 shards, 4/dp (a bucket's buffer exists only while that bucket's micro-batch gradients
+  are reduced, not counted here).
+- optimizer: Adam's m and v in fp32 on the owned rows (8 bytes per owned element) and the
+  fp32 master copy of those rows when the model is not fp32 (4 bytes per owned element, read
+  off the masters' storages, each counted once; in an fp32 run the master is a view of the
+  parameter's rows and adds nothing): 2 + 4 + 12/dp bytes per parameter in bf16 at ZeRO-1.
+- working: none (no second copy to compute with).
+
+The FSDP2 engine (``parallel/data_parallel.py``: ZeRO-0 and ZeRO-3, fp16, or ``zero_engine =
+"fsdp2"``), and any run on one process:
 
 - parameters: fp32 whatever ``precision.dtype`` (autocast computes in bf16/fp16 from fp32
   master weights; there is no separate low-precision copy at rest): 4 bytes per local element.
@@ -240,13 +259,39 @@ def build_rank(cfg: Config, world_size: int, rank: int) -> RankPlan:
         return _measure(built)
 
 
+def _buffers_engine_bytes(params: list, optimizer) -> dict[str, int]:
+    """Device bytes of a rank on the buffers engine (see the module docstring): parameters
+    in their dtype, the fp32 gradient buckets, Adam's moments on the owned rows and the fp32
+    master rows that are not views of a parameter."""
+    gradients = 0
+    for bucket in optimizer.buffers.buckets:
+        # ZeRO-1: the [dp, S] buffer (the shard is its row); ZeRO-2: the persistent shard
+        held = bucket.shard if bucket.sharded_grads else bucket.buffer
+        gradients += held.numel() * held.element_size()
+    parameter_storages = {_local(p).untyped_storage()._cdata for p in params}
+    masters: dict[int, int] = {}
+    owned_bytes = 0  # of the fp32 owned rows: Adam keeps m and v of the same size
+    for group in optimizer.inner.param_groups:
+        for master in group["params"]:
+            piece = _local(master)
+            owned_bytes += piece.numel() * piece.element_size()
+            storage = piece.untyped_storage()
+            if storage._cdata not in parameter_storages:  # an fp32 run steps the rows in place
+                masters[storage._cdata] = storage.nbytes()
+    return {"parameters": sum(_local(p).numel() * _local(p).element_size() for p in params),
+            "gradients": gradients, "optimizer": ADAM_STATES * owned_bytes + sum(masters.values()),
+            "working": 0}
+
+
 def _measure(built: BuiltRun) -> RankPlan:
-    """The RankPlan of a built rank: shard sizes read off its parameters and optimizer."""
+    """The RankPlan of a built rank: shard sizes read off its parameters and optimizer (the
+    buffers engine's: its buckets and master rows)."""
     cfg, layout, model, chunks = built.spec.config, built.spec.layout, built.model, built.chunks
-    optimizer, stage_layers, stages = built.optimizer, built.stage_layers, built.stages
-    zero, pp = cfg.parallel.zero_stage, layout.pp
+    optimizer, zero, pp = built.optimizer, cfg.parallel.zero_stage, layout.pp
     params = list(model.parameters())
     local = sum(_local(p).numel() for p in params)
+    if getattr(optimizer, "buffers", None) is not None:
+        return _rank_plan(built, local, _buffers_engine_bytes(params, optimizer), 0)
     unsharded = sum(_unsharded_numel(p) for p in params)
     inner = getattr(optimizer, "inner", optimizer)  # ZeRO-1's ShardedOptimizer wraps one
     stepped = sum(_local(p).numel() for group in inner.param_groups for p in group["params"])
@@ -266,11 +311,19 @@ def _measure(built: BuiltRun) -> RankPlan:
     host = 0
     if cfg.parallel.offload:
         host = sum(device_bytes.pop(kind) for kind in ("parameters", "gradients", "optimizer"))
+    return _rank_plan(built, local, device_bytes, host)
+
+
+def _rank_plan(built: BuiltRun, local: int, device_bytes: dict[str, int],
+               host: int) -> RankPlan:
+    cfg, layout, model = built.spec.config, built.spec.layout, built.model
+    stage_layers, stages = built.stage_layers, built.stages
     table = getattr(model, "word_embeddings", None)
     layers = tuple(i for s in stages for i in stage_layers[s])
     return RankPlan(
         world_size=layout.world_size, rank=layout.rank, pp=layout.pp, dp=layout.dp,
-        tp=layout.tp, coords=layout.coords, zero_stage=zero, vocab_size=cfg.model.vocab_size,
+        tp=layout.tp, coords=layout.coords, zero_stage=cfg.parallel.zero_stage,
+        vocab_size=cfg.model.vocab_size,
         stage_layers=tuple(tuple(r) for r in stage_layers), stages=stages, layers=layers,
         has_embedding=getattr(model, "word_embeddings_layernorm", None) is not None,
         has_head=table is not None and getattr(model, "ln_f", None) is not None,

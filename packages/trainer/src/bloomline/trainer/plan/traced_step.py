@@ -29,8 +29,11 @@ first). Then:
 
 What the tracker counts is every tensor the step's operators allocate, at the moment they
 exist: parameters, gradients, optimizer state, saved activations, temporaries, and
-communication buffers. It is the allocator-free truth of the step's live tensors; a real
-device adds its caching allocator's rounding and fragmentation, and the CUDA context.
+communication buffers; and what the rank held before the step: its parameters, optimizer
+state and, on the buffers engine, the fp32 gradient buckets (as gradients) and fp32 master
+rows (as optimizer state), which torch's tracker would not find (``torch_compat.track_as``).
+It is the allocator-free truth of the step's live tensors; a real device adds its caching
+allocator's rounding and fragmentation, and the CUDA context.
 
 ``target`` names the device the run is planned for. ``cuda``: the precision ``auto``
 resolves to bf16, and ``model.attention = "auto"`` to flex attention, which cannot run on
@@ -51,7 +54,7 @@ import torch.nn.functional as F
 from bloomline.trainer.build import BuiltRun
 from bloomline.trainer.config import Config
 from bloomline.trainer.plan.rank_build import built_rank, planned_spec
-from bloomline.trainer.torch_compat import memory_tracker
+from bloomline.trainer.torch_compat import memory_tracker, track_as
 
 __all__ = ["TracedStep", "trace_ranks", "trace_step"]
 
@@ -145,17 +148,67 @@ def _clean_caches():
 def _create_optimizer_state(built: BuiltRun) -> None:
     """An optimizer step on zero gradients, untracked: the optimizer state (created at the
     first step) then exists when the traced step starts, as in every step after the first,
-    without tracing a whole step more."""
-    for param in built.model.parameters():
-        if param.requires_grad:
-            param.grad = torch.zeros_like(param)
+    without tracing a whole step more. The buffers engine steps on its own zeroed gradient
+    buffers (a parameter's ``.grad`` is not read there)."""
+    if getattr(built.optimizer, "buffers", None) is None:
+        for param in built.model.parameters():
+            if param.requires_grad:
+                param.grad = torch.zeros_like(param)
     built.optimizer.step()
     built.optimizer.zero_grad(set_to_none=True)
 
 
 def _tracker(built: BuiltRun):
-    optimizer = getattr(built.optimizer, "inner", built.optimizer)  # ZeRO-1 wraps one
-    return memory_tracker(built.model, optimizer)
+    """The memory tracker of the rank's model and optimizer (``torch_compat``). The buffers
+    engine's fp32 gradient buckets count as gradients and its fp32 master rows (the inner
+    optimizer's parameters) as optimizer state; the tracker would not count either (they are
+    made before the step, and are no parameter's ``.grad`` nor the optimizer's ``state``)."""
+    optimizer = built.optimizer
+    inner = getattr(optimizer, "inner", optimizer)  # ZeRO-1's sharded optimizers wrap one
+    tracker = memory_tracker(built.model, inner)
+    buffers = getattr(optimizer, "buffers", None)
+    if buffers is not None:
+        track_as(tracker, "gradients", [held for bucket in buffers.buckets
+                                        for held in (bucket.buffer, bucket.shard)])
+        track_as(tracker, "optimizer", [master for group in inner.param_groups
+                                        for master in group["params"]])
+    return tracker
+
+
+@contextlib.contextmanager
+def _buffers_engine_tracked(built: BuiltRun, tracker):
+    """What the tracked step needs on the buffers engine (nothing on another):
+
+    - ZeRO-2 makes a bucket's fp32 buffer when the micro-batch's first gradient of the bucket
+      arrives and frees it once reduced: counted as gradients, not as the backward's
+      temporaries (the tracker's kind for a tensor made in backward).
+    - The tracker's own post-accumulate-grad hook reads each parameter's ``.grad`` after the
+      engine's hook has added it to its bucket and dropped it: torch warns, once per
+      parameter, that it got None, which is what the engine means.
+    """
+    import warnings
+
+    buffers = getattr(built.optimizer, "buffers", None)
+    buckets = [b for b in buffers.buckets if b.sharded_grads] if buffers is not None else []
+
+    def counted(make):
+        def new_buffer():
+            buffer = make()
+            track_as(tracker, "gradients", [buffer], move=True)
+            return buffer
+        return new_buffer
+
+    for bucket in buckets:
+        bucket._new_buffer = counted(bucket._new_buffer)
+    try:
+        with warnings.catch_warnings():
+            if buffers is not None:
+                warnings.filterwarnings("ignore", message="Expected a tensor or a traceable "
+                                        "wrapper-subclass of tensor, but got <class 'NoneType'>")
+            yield
+    finally:
+        for bucket in buckets:
+            del bucket._new_buffer  # the class's again
 
 
 @contextlib.contextmanager
@@ -278,7 +331,8 @@ def trace_step(cfg: Config, world_size: int, rank: int, target: str = "cuda",
         total = min(per_pipeline, in_flight + 1)
         _create_optimizer_state(built)
         tracker = _tracker(built)
-        with _per_forward_records(built.chunks, tracker), tracker:
+        with (_per_forward_records(built.chunks, tracker),
+              _buffers_engine_tracked(built, tracker), tracker):
             if layout.pp == 1:
                 held = _micro_batch_step(built)
             else:
