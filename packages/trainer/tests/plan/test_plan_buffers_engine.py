@@ -5,10 +5,13 @@ Adam's moments sharded over dp (12/dp): 6 + 12/dp bytes per parameter, 7.5 at dp
 FSDP2 engine kept 13 (fp32 parameters, their working copy, fp32 gradients, 8/dp).
 
 The formula test builds rank 0 on meta tensors (a second). The traced ones run one training
-step of one rank of every pipeline stage on fake tensors (``traced_step``, as ``trainer plan``
-does), with and without sequence parallelism: 24 traces, minutes on two cores, shared by the
-three tests. The stages are all traced: which one peaks highest is not obvious (without
-sequence parallelism the third stage traces above the second, whose peak falls in a backward).
+step of one rank of a pipeline stage on fake tensors (``traced_step``, as ``trainer plan``
+does), with and without sequence parallelism, shared by the three tests. Traced: the first
+stage (the embedding), the second and third (which one of them peaks is not obvious: without
+sequence parallelism the third traces above the second, whose peak falls in a backward) and
+the last (the head). Stages 3-10 hold the same blocks as stage 2 with fewer micro-batches in
+flight (1F1B: pp - stage), so they cannot peak above it; the formulas check that, and tracing
+all 24 stages took five minutes on two cores.
 """
 
 from __future__ import annotations
@@ -19,7 +22,11 @@ from pathlib import Path
 import pytest
 
 from bloomline.trainer.config import load_trainer_config
-from bloomline.trainer.plan.memory_formulas import layers_on_stage, model_state_bytes
+from bloomline.trainer.plan.memory_formulas import (
+    layers_on_stage,
+    micro_batches_in_flight,
+    model_state_bytes,
+)
 from bloomline.trainer.plan.planner import formula_layout
 from bloomline.trainer.plan.rank_build import build_rank
 from bloomline.trainer.plan.traced_step import trace_ranks
@@ -28,7 +35,7 @@ BLOOM = Path(__file__).resolve().parents[4] / "configs" / "176b.toml"
 WORLD, DP, TP, PER_STAGE = 384, 8, 4, 32  # ranks per pipeline stage: dp x tp
 NO_SP = ["parallel.sequence_parallel=false"]
 GIB = 2 ** 30
-STAGES = tuple(range(12))
+STAGES = (0, 1, 2, 11)  # traced: see the module docstring
 MODEL_STATES = ("parameters", "working", "gradients", "optimizer")
 
 
@@ -102,5 +109,13 @@ def test_bloom_every_stage_traces_under_56_gib_without_sp_and_48_with(sequence_p
     budget = (48 if sequence_parallel else 56) * GIB
     traced = _traced(sequence_parallel)
     assert [t.stage for t in traced] == list(STAGES)
+    # the untraced middle stages: the same blocks as stage 2, never more in flight
+    overrides = [] if sequence_parallel else NO_SP
+    cfg = load_trainer_config(BLOOM, overrides)
+    built = build_rank(cfg, WORLD, 2 * PER_STAGE)
+    layout = formula_layout(cfg, built)
+    for stage in range(3, 11):  # the recipe's own split (partition = "parameters")
+        assert len(built.stage_layers[stage]) <= len(built.stage_layers[2])
+        assert micro_batches_in_flight(layout, stage) <= micro_batches_in_flight(layout, 2)
     for step in traced:
         assert step.peak_bytes <= budget, (step.stage, step.peak_bytes / GIB, step.at_peak)

@@ -124,13 +124,19 @@ def test_three_dimensional_ranks_real_and_traced_peaks_agree_within_10_percent()
     """The bug: a traced pipeline stage that holds the wrong micro-batches in flight, frees
     the stage output the schedule keeps until backward (the last stage's logits), counts the
     global-shape tensors DTensor uses to work out output shapes as allocations (a whole
-    vocabulary of logits on a tp rank), or misses ZeRO-1's sharded optimizer state and FSDP2's
-    working copies. pp2 x dp2 x tp2 with ZeRO-1: eight gloo processes running torch's 1F1B
+    vocabulary of logits on a tp rank), or misses ZeRO-1's sharded optimizer state, its fp32
+    gradient buckets or its masters.
+    pp2 x dp2 x tp2 with ZeRO-1: eight gloo processes running torch's 1F1B
     schedule; each stage's traced first rank against the median of the stage's four real
     ranks (they do the same work; gloo's threads now and then allocate a few MiB more on one
-    of them at its peak)."""
+    of them at its peak). ZeRO-1 runs on the buffers engine: its reduce-scatter starts from
+    the stage's last backward, and gloo reduces a copy of the bucket in its own thread (NCCL
+    works in place); with one 40M-element bucket that copy (4 MiB here) met the backward's
+    peak on some ranks under load (30.5 MB real against 26.2), so the buckets are small here
+    (0.4 MB each: 26.2 on every rank in four runs)."""
     overrides = [*BASE, "parallel.world_size=8", "parallel.pipeline_parallel=2",
                  "parallel.tensor_parallel=2", "parallel.zero_stage=1",
+                 "parallel.bucket_size=100000",
                  "train.micro_batch_size=2", "train.global_batch_size=8"]
     measured = run_distributed(8, _real_peak, overrides, 8)
     first, last = trace_ranks(load_trainer_config(TINY, overrides), 8, [0, 4], "cpu")
