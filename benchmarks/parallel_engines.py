@@ -35,7 +35,7 @@ from collections import Counter
 
 import torch
 
-from benchmarks.harness.collectives import CollectiveCounter, gloo_ops
+from benchmarks.harness.collectives import CollectiveCounter, bytes_written, gloo_ops
 
 __all__ = ["ENGINES", "engine_cases", "engine_summary", "engine_theory", "engines_worker",
            "print_engine_table"]
@@ -56,14 +56,6 @@ def case_label(case: tuple) -> str:
 
 
 # ---------------------------------------------------------------------------- one rank
-
-
-def _wchar() -> int:
-    with open("/proc/self/io") as fh:
-        for line in fh:
-            if line.startswith("wchar:"):
-                return int(line.split()[1])
-    return 0
 
 
 def _storage_bytes(tensors) -> int:
@@ -184,13 +176,13 @@ def engines_worker(setup, dp: int, cases: list[tuple], rounds: int, steps: int,
                 seconds, wire, calls = [], [], []
                 for _ in range(steps):
                     dist.barrier()
-                    before = _wchar()
+                    before = bytes_written()
                     counter.start()
                     start = time.perf_counter()
                     loss = trainer.train_step(batch, lr)["loss"]
                     seconds.append(time.perf_counter() - start)
                     called = counter.stop()
-                    wire.append(_wchar() - before)
+                    wire.append(bytes_written() - before)
                     calls.append({kind: (len(sizes), sum(sizes))
                                   for kind, sizes in called.items()})
                     found["losses"].append(loss)

@@ -17,6 +17,7 @@ import time
 
 import torch
 
+from benchmarks.harness.collectives import bytes_written
 from bloomline.trainer.config import Config
 from bloomline.trainer.loop import Trainer
 
@@ -122,14 +123,6 @@ def _counter(offload: bool):
     return count, "bloomline.trainer.parallel.memory.model_state_bytes"
 
 
-def _wchar() -> int:
-    with open("/proc/self/io") as fh:
-        for line in fh:
-            if line.startswith("wchar:"):
-                return int(line.split()[1])
-    return 0
-
-
 def _collectives(prof) -> dict[str, list[int]]:
     """gloo collectives of a profiled step: name -> elements of each call's first input."""
     found: dict[str, list[int]] = {}
@@ -195,10 +188,10 @@ def zero_worker(dp: int, variants: dict, steps: int) -> dict:
         wire, seconds = [], []
         for index in range(steps + 1):  # the first creates the optimizer state
             dist.barrier()
-            before, start = _wchar(), time.perf_counter()
+            before, start = bytes_written(), time.perf_counter()
             trainer.train_step([tokens], lr)
             seconds.append(time.perf_counter() - start)
-            wire.append(_wchar() - before)
+            wire.append(bytes_written() - before)
             if index == 0:
                 peak["params"] = 0
         after = count(model, optimizer)
