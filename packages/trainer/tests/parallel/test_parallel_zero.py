@@ -456,3 +456,17 @@ def test_offload_in_one_process_is_refused():
 
     with pytest.raises(UserError, match="parallel.offload needs torch.distributed"):
         Trainer(equivalence_config(parallel=STAGES["offload"]), log=lambda *_: None)
+
+
+def test_the_buffers_engine_asked_for_in_one_process_trains_the_plain_model():
+    """Bug: ``parallel.zero_engine = "buffers"`` in one process building the engine without
+    a device mesh (a crash at start), or a bf16 model with a master copy that shards nothing:
+    with one replica neither ZeRO engine applies, and the run trains like the plain model."""
+    from bloomline.trainer.loop import Trainer
+    from bloomline.trainer.master_weights import master_weights_of
+
+    cfg = equivalence_config(**_sections(parallel={"zero_stage": 1, "zero_engine": "buffers"}))
+    trainer = Trainer(cfg, log=lambda *_: None)
+    assert master_weights_of(trainer.model) is None
+    want = run_steps(_sections(), steps=1)
+    assert _train(trainer, _batches(1)) == want["losses"]

@@ -266,7 +266,8 @@ class ParallelConfig:
     buffers, reduce-scattered once per step in buckets, the fp32 master and Adam's moments
     sharded over dp, the updated parameters all-gathered) or fsdp2 (FSDP2's replicate /
     fully_shard with fp32 parameters). auto: buffers for bf16 and fp32 runs at ZeRO-1/2 with
-    dp > 1, fsdp2 otherwise (ZeRO-0/3, fp16's loss scaling, offload)."""
+    dp > 1, fsdp2 otherwise (ZeRO-0/3, fp16's loss scaling, offload). At dp 1 neither
+    applies: nothing is sharded."""
     bucket_size: int = ranged(40_000_000, ge=1)
     """Elements per gradient bucket of the buffers engine (Megatron's --ddp-bucket-size):
     each bucket is reduced by one reduce-scatter and gathered by one all-gather."""

@@ -11,21 +11,22 @@ __all__ = ["describe_zero", "uses_buffers_engine"]
 def uses_buffers_engine(cfg, data_parallel: int) -> bool:
     """Whether ZeRO runs on the buffers engine (``parallel/distributed_optimizer.py``): asked
     for, or ``auto`` at ZeRO-1/2 over dp > 1 in bf16 or fp32 (fp16's dynamic loss scaling
-    stays on FSDP2, whose gradients the scaler unscales; at dp 1 there is nothing to shard,
-    and a separate fp32 master would only add memory). ``precision.dtype`` must be settled
-    (not ``auto``)."""
+    stays on FSDP2, whose gradients the scaler unscales). Never at dp 1, even when asked:
+    there is nothing to shard, and a separate fp32 master would only add memory.
+    ``precision.dtype`` must be settled (not ``auto``)."""
     p = cfg.parallel
+    if data_parallel <= 1:  # one replica: neither engine applies (nothing to shard)
+        return False
     if p.zero_engine != "auto":
         return p.zero_engine == "buffers"
-    return (data_parallel > 1 and p.zero_stage in (1, 2)
-            and cfg.precision.dtype in ("bf16", "fp32"))
+    return p.zero_stage in (1, 2) and cfg.precision.dtype in ("bf16", "fp32")
 
 
 def describe_zero(cfg, data_parallel: int) -> str:
     """The run's ZeRO stage and what implements it, for its first log line ("" when there is
     no data parallelism to shard over)."""
     stage = cfg.parallel.zero_stage
-    if data_parallel == 1 and stage == 0:
+    if data_parallel == 1:  # ZeRO shards over dp: one replica keeps everything
         return ""
     if uses_buffers_engine(cfg, data_parallel):
         weights = "bf16" if cfg.precision.dtype == "bf16" else "fp32"
