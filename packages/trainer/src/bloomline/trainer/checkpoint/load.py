@@ -69,7 +69,6 @@ def load_checkpoint(checkpoint: str | Path, model, optimizer=None, verified: boo
         engine.publish()
     elif optimizer is None:
         set_model_state_dict(model, state["model"])
-        return trainer_state
     else:
         set_state_dict(model, optimizer, model_state_dict=state["model"],
                        optim_state_dict=state["optim"], options=state_dict_options())

@@ -67,7 +67,10 @@ import torch
 from torch import nn
 
 from bloomline.common.errors import UserError
-from bloomline.trainer.parallel.sharded_optimizer_state import ModelParameterView
+from bloomline.trainer.parallel.sharded_optimizer_state import (
+    ModelParameterView,
+    dp_rows_placement,
+)
 
 __all__ = ["ShardedOptimizer", "apply_data_parallel", "set_gradient_sync",
            "shard_optimizer_state"]
@@ -144,7 +147,6 @@ class _Slice:
 
     def __init__(self, param: torch.Tensor, dp_mesh) -> None:
         from torch.distributed.tensor import DTensor, Replicate, Shard
-        from torch.distributed.tensor.placement_types import _StridedShard
 
         if not isinstance(param, DTensor):
             raise TypeError("shard_optimizer_state expects the DTensor parameters of a model "
@@ -168,7 +170,7 @@ class _Slice:
             for other, placement in enumerate(placements):
                 if other != axis and isinstance(placement, Shard) and placement.dim == 0:
                     split *= mesh.size(other)
-            placements[axis] = _StridedShard(0, split_factor=split) if split > 1 else Shard(0)
+            placements[axis] = dp_rows_placement(split)
         self.mesh, self.placements = mesh, tuple(placements)
         self.shard = nn.Parameter(self.as_shard(local), requires_grad=param.requires_grad)
 

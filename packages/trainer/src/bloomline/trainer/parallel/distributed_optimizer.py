@@ -29,20 +29,22 @@ from torch import nn
 
 from bloomline.trainer.master_weights import register_master_weights
 from bloomline.trainer.parallel.grad_buffers import GradBuffers
-from bloomline.trainer.parallel.sharded_optimizer_state import ModelParameterView
+from bloomline.trainer.parallel.sharded_optimizer_state import (
+    ModelParameterView,
+    dp_rows_placement,
+)
 
 __all__ = ["DistributedOptimizer"]
 
 
-def _piece_layout(param: torch.Tensor, mesh, dp_rank: int):
+def _piece_layout(param: torch.Tensor, mesh):
     """The mesh and placements of this rank's rows of ``param`` as a DTensor: dp shards
     dim 0 of the local tensor (``_StridedShard`` where tp already splits dim 0, FSDP2's
     layout for tp + dp), other axes as the parameter has them."""
     from torch.distributed.tensor import DTensor, Shard
-    from torch.distributed.tensor.placement_types import _StridedShard
 
     if not isinstance(param, DTensor):
-        return mesh["dp"], (Shard(0),)
+        return mesh["dp"], (dp_rows_placement(1),)
     names = param.device_mesh.mesh_dim_names
     if names != ("tp",):
         raise ValueError(f"parameter on mesh {names}: the buffers engine expects plain or "
@@ -50,8 +52,7 @@ def _piece_layout(param: torch.Tensor, mesh, dp_rank: int):
     (tp_placement,) = param.placements
     split = param.device_mesh.size() if (isinstance(tp_placement, Shard)
                                         and tp_placement.dim == 0) else 1
-    dp_placement = _StridedShard(0, split_factor=split) if split > 1 else Shard(0)
-    return mesh["dp", "tp"], (dp_placement, tp_placement)
+    return mesh["dp", "tp"], (dp_rows_placement(split), tp_placement)
 
 
 def _cast(param: nn.Parameter, dtype: torch.dtype) -> None:
@@ -82,13 +83,11 @@ class _Piece:
 
         self.param = param
         local = param.to_local() if isinstance(param, DTensor) else param
-        bucket, region = buffers.region(param)
-        first, count = region.owned[dp_rank]
-        rows = local.detach().reshape(region.rows, -1).narrow(0, first, count).view(
-            count, *region.shape[1:])
+        _, region = buffers.region(param)
+        rows = region.owned_rows(local.detach(), dp_rank)
         # an fp32 model steps its own rows; otherwise a copy, made before the cast to bf16
         owned = rows if compute_dtype == torch.float32 else rows.float().clone()
-        piece_mesh, placements = _piece_layout(param, mesh, dp_rank)
+        piece_mesh, placements = _piece_layout(param, mesh)
         self.mesh, self.placements = piece_mesh, placements
         self.master = nn.Parameter(self._dtensor(owned))
         self.master.grad = self._dtensor(buffers.shard_grad(param))
@@ -171,19 +170,15 @@ class DistributedOptimizer(ModelParameterView):
                             mesh.get_local_rank()]
                 local = param.to_local() if isinstance(param, DTensor) else param
                 local.copy_(value)
-                _, region = self.buffers.region(param)
-                first, count = region.owned[self.dp_rank]
-                if piece.local.data_ptr() != local.data_ptr() or local.dtype != torch.float32:
-                    piece.local.copy_(value.reshape(region.rows, -1).narrow(0, first, count)
-                                      .view_as(piece.local))
+                if local.dtype != torch.float32:  # an fp32 master is a view of these rows
+                    _, region = self.buffers.region(param)
+                    piece.local.copy_(region.owned_rows(value, self.dp_rank))
 
     def publish(self) -> None:
         """Copy the masters into the parameters (in their dtype) on every dp rank: after a
         step and after the masters were loaded."""
-        pieces = {piece.param: piece for piece in self._pieces.values()}
-
         def fill(region, rows: torch.Tensor) -> None:
-            rows.copy_(pieces[region.param].local)
+            rows.copy_(self._pieces[region.param].local)
 
         with torch.no_grad():
             self.buffers.gather(fill)

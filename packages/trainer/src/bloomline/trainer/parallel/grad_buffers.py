@@ -101,6 +101,13 @@ class Region:
         _, count = self.owned[rank]
         return row.narrow(0, self.offset, count * self.cols).view(count, *self.shape[1:])
 
+    def owned_rows(self, local: torch.Tensor, rank: int) -> torch.Tensor:
+        """Rank ``rank``'s rows of ``local`` (laid out as the parameter's local tensor), a
+        view of it."""
+        first, count = self.owned[rank]
+        return local.reshape(self.rows, -1).narrow(0, first, count).view(count,
+                                                                         *self.shape[1:])
+
     def scatter_add(self, buffer: torch.Tensor, value: torch.Tensor) -> None:
         """Add the local tensor ``value`` into every rank's row of ``buffer`` ([dp, S])."""
         flat = value.reshape(-1)
@@ -255,10 +262,6 @@ class GradBuffers:
         device = local.device if local.device.type == "meta" else device
         self.buckets.append(Bucket(params, self.dp, self.rank, self.sharded_grads, device))
 
-    @property
-    def params(self) -> list[torch.Tensor]:
-        return list(self._where)
-
     def region(self, param: torch.Tensor) -> tuple[Bucket, Region]:
         return self._where[param]
 
@@ -319,7 +322,3 @@ class GradBuffers:
             del mine
             for region in bucket.regions:
                 region.gather_copy(staging, _local(region.param))
-
-    def remove(self) -> None:
-        for hook in self._hooks:
-            hook.remove()

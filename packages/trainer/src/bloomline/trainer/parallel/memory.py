@@ -83,11 +83,12 @@ def model_state_bytes(model: nn.Module, optimizer=None, device: torch.device | s
         for group in optimizer.inner.param_groups:  # the fp32 masters (a view in fp32 runs)
             for master in group["params"]:
                 counter.add("optim", master)
-    for param in params if buffers is None else ():
-        if param.grad is not None:
-            counter.add("grads", param.grad)
-        elif param.requires_grad:
-            counter.add_size("grads", param)
+    else:
+        for param in params:
+            if param.grad is not None:
+                counter.add("grads", param.grad)
+            elif param.requires_grad:
+                counter.add_size("grads", param)
     if optimizer is not None:
         for state in optimizer.state.values():
             for value in state.values():

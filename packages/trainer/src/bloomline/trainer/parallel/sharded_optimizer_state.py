@@ -13,7 +13,17 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["ModelParameterView"]
+__all__ = ["ModelParameterView", "dp_rows_placement"]
+
+
+def dp_rows_placement(split: int):
+    """The dp axis's placement of a parameter whose rows dp splits (``torch.chunk``'s way)
+    after other axes split dim 0 into ``split`` pieces (tp's column-parallel weights):
+    ``_StridedShard`` then, FSDP2's layout for tp + dp, else ``Shard(0)``."""
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    return _StridedShard(0, split_factor=split) if split > 1 else Shard(0)
 
 
 class ModelParameterView(torch.optim.Optimizer):

@@ -227,8 +227,7 @@ class PipelinedRunner(StepRunner):
 
     def activation_stats(self) -> dict[str, list[float]]:
         """Per-layer activation stats of all stages, in layer order, on every rank."""
-        grad_of = self.distributed.grad_of if self.distributed is not None else None
-        readings = read_activation_stats(self.model, self.tp_mesh, grad_of)
+        readings = read_activation_stats(self.model, self.tp_mesh, self.grad_reader())
         mine = {int(name): {key: values[i] for key, values in readings.items()}
                 for i, name in enumerate(self.model.h.keys())}
         gathered: list = [None] * self.layout.pp

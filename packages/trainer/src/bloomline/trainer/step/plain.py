@@ -88,7 +88,4 @@ class PlainRunner(StepRunner):
         return self.local_full_state()
 
     def activation_stats(self) -> dict[str, list[float]]:
-        return read_activation_stats(self.model, self.tp_mesh, self._grad_of())
-
-    def _grad_of(self):
-        return self.distributed.grad_of if self.distributed is not None else None
+        return read_activation_stats(self.model, self.tp_mesh, self.grad_reader())

@@ -85,6 +85,11 @@ class StepRunner(ABC):
         in micro-batches of ``train.micro_batch_size``. Collective: every rank evaluates every
         sample (FSDP's gathers need all dp ranks in each forward)."""
 
+    def grad_reader(self):
+        """Where a parameter's gradient is read (per-layer norms): the buffers engine's
+        dp-sharded one, or None for its ``.grad``."""
+        return self.distributed.grad_of if self.distributed is not None else None
+
     def local_full_state(self) -> dict[str, torch.Tensor]:
         """This rank's modules' parameters whole (gathered over tp/dp), plain CPU tensors
         under the single-process names: the fp32 masters on the buffers engine."""
