@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from bloomline.trainer.config_rules import pipeline_microbatches
+from bloomline.trainer.kernels.cpu.vector_math import warm_vector_math
 from bloomline.trainer.model import GPT, build_model
 from bloomline.trainer.optim import build_optimizer
 from bloomline.trainer.parallel import parallelize
@@ -65,6 +66,7 @@ def build_run(spec: RunSpec, mesh, device: torch.device, tensors: str = "real") 
         raise ValueError(f"tensors={tensors!r}: expected one of {TENSORS}")
     cfg, layout = spec.config, spec.layout
     if tensors == "real":
+        warm_vector_math()  # before any computation: a resume repeats the run bit for bit
         torch.manual_seed(cfg.train.seed)
         model = build_model(cfg.model, device, seed=cfg.train.seed)
     elif tensors == "meta":
