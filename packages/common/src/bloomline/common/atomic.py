@@ -8,6 +8,12 @@ leaves at most a hidden ``.partial`` file or folder, never a file that looks com
 that writes a folder replaces only a folder that holds that kind's files and no others
 (``check_replaceable_dir``). A typo that names a run folder, a checkpoint, a corpus or a home
 folder as the output is refused with one line, however the flag was given.
+
+An output file (a plot) follows the same rule (``check_replaceable_file``): ``--overwrite``
+replaces only a file of the kind the command writes (its suffix and its first bytes), and no
+command writes its file into a checkpoint, a run folder or a corpus folder
+(``foreign_folder``), where a stray file breaks the checkpoint's verification, or sits among
+the token files.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ import contextlib
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 from bloomline.common.errors import UserError
@@ -26,7 +32,12 @@ __all__ = [
     "atomic_write_bytes",
     "check_can_write",
     "check_replaceable_dir",
+    "check_replaceable_file",
+    "check_not_inside_foreign",
+    "foreign_folder",
     "publish",
+    "publish_dir",
+    "publish_new",
 ]
 
 
@@ -83,8 +94,99 @@ def check_replaceable_dir(path: str | os.PathLike, overwrite: bool, kind: str,
             "; " if missing and foreign else "") + (
             f"it also holds {', '.join(foreign[:5])}{' ...' if len(foreign) > 5 else ''}"
             if foreign else "")
+        other = foreign_folder(path)
         raise UserError(f"{path}: not replaced: --overwrite replaces only a folder holding "
-                        f"{what} and nothing else, and {why}; remove it yourself or choose "
+                        f"{what} and nothing else, and {why}{f' ({other})' if other else ''}; "
+                        "remove it yourself or choose another output")
+    if not overwrite:
+        raise UserError(f"{path}: output exists; pass --overwrite to replace it")
+
+
+def _has(folder: Path, name: str) -> bool:
+    return os.path.lexists(folder / name)
+
+
+def foreign_folder(folder: str | os.PathLike) -> str | None:
+    """What ``folder`` is when it is another command's output that no file may be added to,
+    in words ("a checkpoint (manifest.json, .metadata)"), else None.
+
+    - a checkpoint: DCP's ``.metadata`` with ``manifest.json`` or ``config.toml`` (its
+      verification refuses any file its manifest does not list);
+    - a run folder: ``metrics.jsonl``, ``run_info.json`` or a ``checkpoints/`` folder (the
+      trainer's, one writer at a time);
+    - a corpus folder: a ``NAME.bin``/``NAME.idx`` pair (``build-index`` uses every pair).
+    """
+    folder = Path(folder)
+    if _has(folder, ".metadata") and (_has(folder, "manifest.json")
+                                      or _has(folder, "config.toml")):
+        return "a checkpoint (.metadata, manifest.json)"
+    run_marks = [name for name in ("metrics.jsonl", "run_info.json", "checkpoints")
+                 if _has(folder, name)]
+    if run_marks:
+        return f"a run folder ({', '.join(run_marks)})"
+    try:
+        with os.scandir(folder) as entries:
+            names = {entry.name for entry in entries}
+    except OSError:
+        return None
+    pairs = sorted(name[:-4] for name in names
+                   if name.endswith(".bin") and f"{name[:-4]}.idx" in names)
+    if pairs:
+        return f"a corpus folder ({pairs[0]}.bin/.idx)"
+    return None
+
+
+def check_not_inside_foreign(path: str | os.PathLike) -> None:
+    """Refuse an output written into a checkpoint or a run folder (at any depth) or directly
+    into a corpus folder (see :func:`foreign_folder`), with or without ``--overwrite``.
+
+    Raises:
+        UserError: naming ``path`` and the folder it would be written into.
+    """
+    path = Path(path)
+    parent = Path(os.path.abspath(path)).parent
+    for depth, folder in enumerate((parent, *parent.parents)):
+        other = foreign_folder(folder) if folder.is_dir() else None
+        if other and (depth == 0 or not other.startswith("a corpus")):
+            raise UserError(f"{path}: not written: {folder} is {other}, which no command "
+                            "adds files to; choose an output outside it")
+
+
+def check_replaceable_file(path: str | os.PathLike, overwrite: bool, kind: str,
+                           signatures: Mapping[str, Iterable[bytes]]) -> None:
+    """The rule for an output file (``check_replaceable_dir``'s for files): what may be
+    written at ``path``.
+
+    - Its name must end in a suffix of ``signatures`` (e.g. ``.png``), whatever is there.
+    - Inside a checkpoint, a run folder or a corpus folder: refused (``check_not_inside_foreign``).
+    - Nothing there: written.
+    - A regular file with that suffix that starts with one of the suffix's magic bytes (a
+      file of this ``kind``): replaced with ``overwrite``, else refused
+      (``output exists; pass --overwrite``).
+    - Anything else (a link, a folder, a file of another kind, an ``.idx`` renamed): refused
+      with or without ``overwrite``.
+
+    Raises:
+        UserError: One line naming ``path`` and why it is not written.
+    """
+    path = Path(path)
+    magics = {suffix.lower(): tuple(m) for suffix, m in signatures.items()}
+    if path.suffix.lower() not in magics:
+        raise UserError(f"{path}: not written: the name must end in "
+                        f"{' or '.join(magics)} (the {kind} it writes)")
+    check_not_inside_foreign(path)
+    if not os.path.lexists(path):
+        return
+    if path.is_symlink() or not path.is_file():
+        raise UserError(f"{path}: not replaced: --overwrite replaces only a {kind} file, and "
+                        f"this is {'a link' if path.is_symlink() else 'not a file'}; remove it "
+                        "yourself or choose another output")
+    expected = magics[path.suffix.lower()]
+    with open(path, "rb") as fh:
+        head = fh.read(max(len(m) for m in expected))
+    if not any(head.startswith(m) for m in expected):
+        raise UserError(f"{path}: not replaced: --overwrite replaces only a {kind} file, and "
+                        "this one holds something else; remove it yourself or choose "
                         "another output")
     if not overwrite:
         raise UserError(f"{path}: output exists; pass --overwrite to replace it")
@@ -123,15 +225,64 @@ def publish(tmp: str | os.PathLike, final: str | os.PathLike) -> None:
     os.replace(tmp, final)
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file and an atomic rename."""
+def publish_new(tmp: str | os.PathLike, final: str | os.PathLike) -> None:
+    """:func:`publish` that never replaces: a file that appeared at ``final`` since the
+    command's exists-check (written by another program meanwhile) is kept and refused.
+
+    A hard link fails atomically when the name exists, where a check before ``os.replace``
+    would leave a moment in which the file could appear; filesystems without hard links
+    fall back to that check.
+
+    Raises:
+        UserError: ``final`` exists.
+    """
+    os.chmod(tmp, _default_file_mode())
+    try:
+        os.link(tmp, final)
+    except FileExistsError:
+        raise UserError(f"{final}: output exists (written meanwhile by another program); "
+                        "pass --overwrite to replace it") from None
+    except OSError:  # no hard links here (some FUSE and SMB mounts)
+        if os.path.lexists(final):
+            raise UserError(f"{final}: output exists (written meanwhile by another program); "
+                            "pass --overwrite to replace it") from None
+        os.replace(tmp, final)
+        return
+    os.unlink(tmp)
+
+
+def publish_dir(staged: str | os.PathLike, final: str | os.PathLike,
+                scratch: str | os.PathLike) -> None:
+    """Move the finished folder ``staged`` to ``final``, replacing a folder there as a whole
+    (no file of the old one is left beside the new ones).
+
+    ``os.replace`` cannot replace a non-empty folder: the old one moves into ``scratch`` (an
+    :func:`atomic_output_dir`, deleted on exit) first, and back should the new one not move in.
+    Check what ``final`` holds with :func:`check_replaceable_dir` before.
+    """
+    final = Path(final)
+    if not os.path.lexists(final):
+        os.replace(staged, final)
+        return
+    replaced = Path(scratch) / ".replaced"
+    os.replace(final, replaced)
+    try:
+        os.replace(staged, final)
+    except BaseException:
+        os.replace(replaced, final)
+        raise
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes, overwrite: bool = True) -> None:
+    """Write ``data`` to ``path`` through a temporary file and an atomic rename; without
+    ``overwrite``, a file that appeared at ``path`` meanwhile is refused (:func:`publish_new`)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
-        publish(tmp, path)
+        (publish if overwrite else publish_new)(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)

@@ -14,13 +14,14 @@ import sys
 import typer
 
 from bloomline.common.errors import UserError, exit_on_user_error
+from bloomline.common.output_lock import output_lock
 from bloomline.dataprep.build_index import IndexRequest, build_sample_datasets
 from bloomline.dataprep.tokenizer import TOKENIZER_SPEC_HELP
 from bloomline.tools.blend_report import format_blend, summarize_blend
 from bloomline.tools.diff import diff_token_files, format_diff
 from bloomline.tools.documents import format_document, show_document
 from bloomline.tools.index_options import with_index_request
-from bloomline.tools.plot import plot_corpus, require_matplotlib
+from bloomline.tools.plot import check_plot_output, plot_corpus, require_matplotlib
 from bloomline.tools.samples import describe_sample, format_sample, split_dataset
 from bloomline.tools.summary import format_summary, summarize
 from bloomline.tools.token_stats import count_tokens, format_token_stats
@@ -185,9 +186,9 @@ def diff(
 @with_index_request
 def plot(
     corpus_dir: str = typer.Argument(..., help="Folder of NAME.bin/.idx token files."),
-    out: str = typer.Option(..., help="Output .png file."),
+    out: str = typer.Option(..., help="Output .png (or .svg) file."),
     from_split: str = _FROM,
-    overwrite: bool = typer.Option(False, help="Replace an existing output."),
+    overwrite: bool = typer.Option(False, help="Replace an existing PNG/SVG (nothing else)."),
     json_output: bool = _JSON,
     request: IndexRequest = None,
     cache_dir: str = None,
@@ -198,8 +199,10 @@ def plot(
     `dataprep build-index` and uses (or builds) the same index cache.
     """
     require_matplotlib()  # before the index is built: fail in a second, not after minutes
-    built = _built(corpus_dir, request, cache_dir)
-    result = plot_corpus(corpus_dir, built, out, from_split, request.split, overwrite)
+    with output_lock(out):  # one writer of --out at a time
+        check_plot_output(out, overwrite)  # as early, for the same reason
+        built = _built(corpus_dir, request, cache_dir)
+        result = plot_corpus(corpus_dir, built, out, from_split, request.split, overwrite)
     _echo(result, json_output,
           lambda r: f"wrote {r['out']}: {', '.join(r['datasets'])}, {r['split']} split")
 

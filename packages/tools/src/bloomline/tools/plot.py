@@ -1,8 +1,13 @@
-"""``inspect-data plot``: document lengths and blend proportions over training, as one PNG.
+"""``inspect-data plot``: document lengths and blend proportions over training, as one PNG
+(or SVG, by the output's suffix).
 
 matplotlib is an optional extra (``pip install 'bloomline-tools[plot]'``): every other
 subcommand runs without it. The figure is drawn with matplotlib's object API and the Agg
 canvas (no pyplot, no display, no global state) and written atomically.
+
+The output is an image file and nothing else: ``--overwrite`` replaces only a PNG or SVG
+(by its suffix and its first bytes), never a token file or anything in a checkpoint, run or
+corpus folder (``bloomline.common.atomic.check_replaceable_file``).
 """
 
 from __future__ import annotations
@@ -13,20 +18,27 @@ import os
 
 import numpy as np
 
-from bloomline.common.atomic import atomic_write_bytes, check_can_write
+from bloomline.common.atomic import atomic_write_bytes, check_replaceable_file
 from bloomline.common.errors import UserError
 from bloomline.dataprep.build_index import BuiltIndex
 from bloomline.tools.blend_report import dataset_index_of, prefix_counts
 from bloomline.tools.corpus import document_lengths, open_datasets
 from bloomline.tools.samples import split_dataset
 
-__all__ = ["INSTALL_HINT", "blend_curves", "length_histograms", "plot_corpus",
-           "require_matplotlib"]
+__all__ = ["IMAGE_SIGNATURES", "INSTALL_HINT", "blend_curves", "check_plot_output",
+           "length_histograms", "plot_corpus", "require_matplotlib"]
 
 INSTALL_HINT = ("inspect-data plot needs matplotlib, an optional extra: "
                 "pip install 'bloomline-tools[plot]' (or pip install matplotlib)")
 _POINTS = 200  # points of training progress on the blend curve
 _BINS = 60
+# what plot writes: suffix -> how such a file starts (matplotlib's SVG has the XML prolog)
+IMAGE_SIGNATURES = {".png": (b"\x89PNG\r\n\x1a\n",), ".svg": (b"<?xml", b"<svg")}
+
+
+def check_plot_output(out: str | os.PathLike, overwrite: bool) -> None:
+    """Refuse an ``--out`` plot may not write (see the module docstring), in one line."""
+    check_replaceable_file(out, overwrite, "plot image (PNG or SVG)", IMAGE_SIGNATURES)
 
 
 def require_matplotlib() -> type:
@@ -67,10 +79,11 @@ def plot_corpus(corpus_dir: str | os.PathLike, built: BuiltIndex, out: str | os.
     """Write the PNG: length histogram (log-log) left, blend share over training right.
 
     Raises:
-        UserError: matplotlib missing (with how to install it), or ``out`` exists.
+        UserError: matplotlib missing (with how to install it), or an ``out`` that may not
+            be written (:func:`check_plot_output`).
     """
     figure_class = require_matplotlib()
-    check_can_write([out], overwrite)
+    check_plot_output(out, overwrite)
     histograms = length_histograms(corpus_dir)
     curves = blend_curves(built, split, request_split)
     figure = figure_class(figsize=(12, 4.5), layout="constrained")
@@ -90,7 +103,7 @@ def plot_corpus(corpus_dir: str | os.PathLike, built: BuiltIndex, out: str | os.
               title="blend proportions over training")
     right.legend(fontsize="small")
     buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=100)
-    atomic_write_bytes(out, buffer.getvalue())
+    figure.savefig(buffer, format=os.fspath(out).rsplit(".", 1)[-1].lower(), dpi=100)
+    atomic_write_bytes(out, buffer.getvalue(), overwrite=overwrite)
     return {"out": str(out), "datasets": curves["names"], "split": split,
             "samples": curves["samples"]}

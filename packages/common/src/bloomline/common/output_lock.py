@@ -1,0 +1,117 @@
+"""One writer per output: an advisory lock on a hidden sidecar next to the output.
+
+The exists-check a command makes when it starts cannot see another run of the same command
+that started a moment earlier and has not written yet: both would pass it, and the later to
+finish would replace the other's files while both exit 0. So every command that writes an
+output holds ``DIR/.NAME.lock`` (for the output ``DIR/NAME``: a prefix, a file or a folder)
+from before its exists-check until its files are in place. The lock is an ``flock``, taken
+without waiting: a second writer is refused at once with one line naming the holder's pid.
+The kernel drops it when the holder dies, however it dies (``kill -9`` too), so a killed run
+never blocks the next one; a clean exit also removes the sidecar.
+
+Removing the sidecar while another process may be opening it is safe because the holder
+removes it while still holding the lock, and whoever locks a file checks afterwards that the
+path still names that file (else it locks again): two processes never hold two different
+files of the same name.
+
+Filesystems without ``flock`` (Lustre mounted without ``-o flock``, some FUSE mounts) cannot
+lock; there the command runs without the lock, as it did before the lock existed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from bloomline.common.errors import UserError
+
+__all__ = ["lock_path", "output_lock", "output_locks"]
+
+# filesystems where flock is not supported: run unlocked there (nothing to protect with)
+_UNSUPPORTED = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL}
+
+
+def lock_path(output: str | os.PathLike) -> Path:
+    """The sidecar of ``output``: ``DIR/.NAME.lock`` beside it (never inside a folder output,
+    so that the folder holds only what the command writes)."""
+    output = Path(os.path.abspath(output))
+    return output.with_name(f".{output.name}.lock")
+
+
+def _holder(path: Path) -> str:
+    with contextlib.suppress(OSError, ValueError):
+        pid = int(path.read_text().strip())
+        return f"another process (pid {pid})"
+    return "another process"
+
+
+def _acquire(output: str | os.PathLike) -> tuple[int, Path] | None:
+    """(descriptor, sidecar) holding the lock of ``output``; None where flock is unsupported.
+
+    Raises:
+        UserError: another live process holds it.
+    """
+    path = lock_path(output)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise UserError(f"{_holder(path)} is writing {output}; wait for it to finish "
+                            "or choose another output") from None
+        except OSError as error:
+            os.close(fd)
+            if error.errno in _UNSUPPORTED:
+                return None
+            raise
+        try:
+            now = os.stat(path)
+        except FileNotFoundError:
+            now = None
+        held = os.fstat(fd)
+        if now is not None and (held.st_dev, held.st_ino) == (now.st_dev, now.st_ino):
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+            return fd, path
+        os.close(fd)  # its holder removed it between our open and our lock: take the new one
+
+
+def _release(held: tuple[int, Path] | None) -> None:
+    if held is None:
+        return
+    fd, path = held
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()  # while still locked: see the module docstring
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def output_lock(output: str | os.PathLike) -> Iterator[None]:
+    """Hold the lock of ``output`` (a prefix ``corpus/NAME``, a file or a folder) for the
+    block, or refuse at once.
+
+    Raises:
+        UserError: "another process (pid N) is writing OUTPUT; wait for it ...".
+    """
+    held = _acquire(output)
+    try:
+        yield
+    finally:
+        _release(held)
+
+
+@contextlib.contextmanager
+def output_locks(outputs: Iterable[str | os.PathLike]) -> Iterator[None]:
+    """Hold the locks of several outputs (``tokenize``'s one prefix per ``--json-key``)."""
+    with contextlib.ExitStack() as stack:
+        for output in sorted({str(o) for o in outputs}):
+            stack.enter_context(output_lock(output))
+        yield

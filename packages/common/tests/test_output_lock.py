@@ -1,0 +1,72 @@
+"""One writer per output: the advisory lock beside an output (``output_lock``)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from bloomline.common.errors import UserError
+from bloomline.common.output_lock import lock_path, output_lock, output_locks
+
+
+def test_second_writer_of_an_output_is_refused_naming_the_holder(tmp_path):
+    """Bug: two writers of one output both pass the exists-check made at their start and
+    the later to finish replaces the other's files, both exiting 0; nothing locked it."""
+    prefix = tmp_path / "corpus" / "web"
+    with output_lock(prefix):
+        assert lock_path(prefix) == tmp_path / "corpus" / ".web.lock"
+        with pytest.raises(UserError) as refused:
+            with output_lock(prefix):
+                pass
+        message = str(refused.value)
+        assert message.startswith(f"another process (pid {os.getpid()}) is writing {prefix}")
+        assert "\n" not in message
+        with output_lock(tmp_path / "corpus" / "books"):  # another output: not blocked
+            pass
+    assert not lock_path(prefix).exists()  # a clean exit leaves no sidecar
+    with output_lock(prefix):  # released: the next writer gets it
+        pass
+
+
+def test_several_outputs_lock_all_or_none(tmp_path):
+    """Bug: a multi-key tokenize locking only its first output, so that a run writing one of
+    the others is not refused."""
+    a, b = tmp_path / "web_text", tmp_path / "web_title"
+    with output_lock(b), pytest.raises(UserError, match="is writing .*web_title"):
+        with output_locks([a, b]):
+            pass
+    with output_locks([a, b]):
+        with pytest.raises(UserError):
+            with output_lock(a):
+                pass
+    assert sorted(os.listdir(tmp_path)) == []
+
+
+def test_lock_of_a_killed_writer_is_released(tmp_path):
+    """Bug: a writer killed with -9 leaving a lock that blocks every later run of the same
+    output (the kernel must drop an flock with its process)."""
+    prefix = tmp_path / "web"
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys\nfrom bloomline.common.output_lock import output_lock\n"
+         f"with output_lock({str(prefix)!r}):\n"
+         "    print('held', flush=True)\n    sys.stdin.read()\n"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(UserError, match=rf"another process \(pid {holder.pid}\) is writing"):
+            with output_lock(prefix):
+                pass
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+        holder.stdin.close()
+        holder.stdout.close()
+    assert lock_path(prefix).exists()  # kill -9 leaves the sidecar, but not the lock
+    with output_lock(prefix):
+        pass
+    assert not lock_path(prefix).exists()
