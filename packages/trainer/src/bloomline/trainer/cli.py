@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import typer
@@ -73,8 +74,16 @@ def pretrain(
     spec = load_run(config, overrides, world_size, rank, log=log if rank == 0 else None)
     import torch.distributed as dist
 
+    from bloomline.trainer.survival.preemption import StoppedBeforeTrainingError, exit_preempted
+
     try:
         state = Trainer(spec, log=log).run()
+    except StoppedBeforeTrainingError as stopped:
+        # nothing trained, nothing lost: the preempted run's exit (a requeue starts it again)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        print(f"stopped: {stopped}", file=sys.stderr, flush=True)
+        exit_preempted()
     except UserError:
         # every rank refuses together (rank 0's verdict is broadcast): leave no process group
         # for interpreter exit, where gloo's threads can abort ("terminate called without an
@@ -85,9 +94,6 @@ def pretrain(
     if dist.is_initialized():
         dist.destroy_process_group()
     if state.stopped:  # a signal or train.max_wallclock: saved, to be continued
-        # torch-heavy: imported by the command that needs it (module docstring)
-        from bloomline.trainer.survival.preemption import exit_preempted
-
         exit_preempted()
 
 
@@ -146,8 +152,13 @@ def generate(
     # torch-heavy: imported by the command that needs it (module docstring)
     from bloomline.trainer.checkpoint import inference_tokenizer
     from bloomline.trainer.data import load_run_tokenizer
-    from bloomline.trainer.generate import continuation_text, generate_ids
+    from bloomline.trainer.generate import (
+        check_sampling_options,
+        continuation_text,
+        generate_ids,
+    )
 
+    check_sampling_options(max_new_tokens, temperature, top_k, top_p)  # before any loading
     cfg, model = _load_for_inference(checkpoint)
     cfg.data.tokenizer = inference_tokenizer(checkpoint, cfg.data.tokenizer, tokenizer)
     if not cfg.data.tokenizer:

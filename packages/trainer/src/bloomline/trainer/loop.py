@@ -46,8 +46,9 @@ from bloomline.trainer.reporting.monitor import RunMonitor
 from bloomline.trainer.run_checkpoints import RunCheckpoints
 from bloomline.trainer.run_spec import RunSpec, run_device, settle
 from bloomline.trainer.survival import faults
+from bloomline.trainer.survival.finite_weights import check_finite_weights
 from bloomline.trainer.survival.preemption import PREEMPTED_EXIT_CODE
-from bloomline.trainer.survival.rollback import Rollback, skips_in_force
+from bloomline.trainer.survival.rollback import ROLLBACKS_FILE, Rollback, skips_in_force
 from bloomline.trainer.survival.run_folder import check_start_point, write_run_tokenizer
 from bloomline.trainer.survival.run_guard import RunGuard
 from bloomline.trainer.survival.sample_skips import SkipRanges
@@ -143,7 +144,11 @@ class Trainer:
         there is none, start, from ``checkpoint.init_from``'s weights if set."""
         loaded = self.checkpoints.resume(self.skips)
         if loaded is None:
-            load_initial_weights(self.model, self.spec.model_source)
+            source = self.spec.model_source
+            load_initial_weights(self.model, source)
+            if source.kind == "init":
+                check_finite_weights(self.model, f"checkpoint.init_from {source.path}",
+                                     "a run cannot train from these weights")
             return None
         self.state, self.skips = loaded.state, loaded.skips
         return loaded.path
@@ -204,7 +209,13 @@ class Trainer:
         if self.skips:
             self.log(f"skipping train samples {self.skips.to_list()}")
         total = self.total_steps()
-        if self.state.step >= total:
+        if self.state.step > total:
+            raise UserError(f"{self.run_dir}: resumed at step {self.state.step}, but the run "
+                            f"has {total} steps with the skip ranges in force "
+                            f"({self.skips.to_list()}: train.skip_samples, the checkpoint's, "
+                            f"{self.run_dir / ROLLBACKS_FILE}): a range covers samples the "
+                            "checkpoint had already trained; remove it")
+        if self.state.step == total:
             self.log(f"run complete: step {self.state.step} of {total}")
             return self.state
         self.monitor.open_metrics()  # closed below: no W&B run stays open after the run
@@ -236,6 +247,7 @@ class Trainer:
         steps_total = self.total_steps()
         batches = self._open_batches(train)
         blend = blend_of(train)
+        guard.stops.begin_training()
         monitor.steps_begin()
         steps_here = 0
         while self.state.step < steps_total and not (
@@ -266,6 +278,13 @@ class Trainer:
             if loaded is not None:
                 self.state, self.skips = loaded.state, loaded.skips
                 steps_total = self.total_steps()
+                if self.state.step >= steps_total:
+                    raise UserError(
+                        f"step {step}: the rollback's skip ranges {self.skips.to_list()} "
+                        f"leave nothing of train.train_samples = {cfg.train.train_samples} to "
+                        f"train after step {self.state.step}; the run stops here, not "
+                        "completed: lower spike.skip_after, or fix the run's data or "
+                        "optimizer.lr and resume")
                 batches = self._open_batches(train)
                 monitor.restart_window()
                 continue

@@ -31,6 +31,7 @@ from bloomline.trainer.checkpoint import (
     load_config_of,
     save_checkpoint,
 )
+from bloomline.trainer.survival.finite_weights import check_finite_weights
 from bloomline.trainer.survival.sample_skips import SkipRanges
 from bloomline.trainer.train_state import TrainState
 
@@ -98,6 +99,9 @@ class RunCheckpoints:
         state = TrainState()
         state.load_state_dict(load_checkpoint(path, self.model, self.optimizer,
                                               verified=verified))
+        check_finite_weights(self.model, f"checkpoint {path}",
+                             "it cannot be trained from: resume from an earlier checkpoint "
+                             "(checkpoint.resume=PATH)")
         for group, settings in zip(self.optimizer.param_groups, self._hyperparameters,
                                    strict=True):
             group.update(settings)
@@ -119,6 +123,9 @@ class RunCheckpoints:
         state.loss_scale = self.precision.state_dict()
         state.spike_history = self.guard.detector.state_dict()
         saved = state.state_dict()
+        check_finite_weights(self.model, f"step {step}",
+                             "not saved as a checkpoint (the newest complete one stays); "
+                             "resume from it with a lower optimizer.lr")
         started = time.perf_counter()
         self.guard.watchdog.arm(f"checkpoint of step {step}", cfg.watchdog.startup_seconds)
         if cfg.checkpoint.async_:

@@ -7,9 +7,14 @@ Ctrl-C and ``kill -INT`` then mean what ``scancel`` means. A second SIGINT abort
 (``KeyboardInterrupt``: no checkpoint, the newest complete one stays), with a line saying so;
 the first one prints what will happen, since a step and a save may take minutes.
 
-A signal reaches one process (or some): the handler only sets a flag, and the ranks agree once
-per step (one small all-reduce, ``StopRequests.agree``) so that all of them stop after the same
-step and write the same checkpoint.
+Before the first step (reading the data index, loading a checkpoint) there is nothing to save
+and no step to wait for: a signal then stops the run at once (``StoppedBeforeTrainingError``, which
+also interrupts a read that blocks), releasing the run folder's lock, with the same exit
+protocol as a preempted run (nothing was lost: a requeue starts it again).
+
+During training a signal reaches one process (or some): the handler only sets a flag, and the
+ranks agree once per step (one small all-reduce, ``StopRequests.agree``) so that all of them
+stop after the same step and write the same checkpoint.
 
 Exit protocol with the launcher (``trainer pretrain --nproc``): torchrun's agent restarts
 workers that exit non-zero (``--max-restarts``), which a preempted run must not do. So a worker
@@ -28,12 +33,21 @@ import time
 
 import torch
 
-__all__ = ["PREEMPTED_EXIT_CODE", "PREEMPT_FILE_VARIABLE", "StopRequests", "exit_preempted"]
+from bloomline.common.errors import UserError
+
+__all__ = ["PREEMPTED_EXIT_CODE", "PREEMPT_FILE_VARIABLE", "StopRequests",
+           "StoppedBeforeTrainingError", "exit_preempted"]
 
 # EX_TEMPFAIL (sysexits.h): "a temporary failure; the user is invited to retry"
 PREEMPTED_EXIT_CODE = 75
 PREEMPT_FILE_VARIABLE = "BLOOMLINE_PREEMPT_FILE"
 _SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+
+
+class StoppedBeforeTrainingError(UserError):
+    """A stop signal before the run's first step: nothing to save, the run ends at once."""
+
+    exit_code = PREEMPTED_EXIT_CODE
 
 
 class StopRequests:
@@ -43,6 +57,7 @@ class StopRequests:
         self.max_wallclock = max_wallclock
         self.started = time.monotonic()
         self.signal: int | None = None
+        self.training = False  # set by ``begin_training``: signals then wait for the step
         self._previous: dict[int, object] = {}
 
     def install(self) -> None:
@@ -63,7 +78,17 @@ class StopRequests:
             signal.signal(sig, handler)
         self._previous.clear()
 
+    def begin_training(self) -> None:
+        """From the first step on, a signal asks for a checkpoint after the current step."""
+        self.training = True
+
     def _on_signal(self, signum, frame) -> None:  # noqa: ARG002 - signal handler signature
+        if not self.training:
+            # raised in the main thread wherever it is, a blocking open() or read included
+            # (Python retries those after running the handler, unless it raises)
+            raise StoppedBeforeTrainingError(
+                f"received {signal.Signals(signum).name} before the first step: stopped "
+                "without a checkpoint (nothing was trained in this process yet)")
         # only a flag: the step in progress finishes, then every rank saves together
         if signum == signal.SIGINT:
             if self.signal == signal.SIGINT:  # the second Ctrl-C: abort now
