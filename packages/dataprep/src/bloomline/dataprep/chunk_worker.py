@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from bloomline.common import faults
+from bloomline.common.errors import UserError
 from bloomline.dataprep.documents import extract_documents
 from bloomline.dataprep.indexed_dataset import IndexedDatasetWriter
 from bloomline.dataprep.sources import Chunk
@@ -65,14 +66,16 @@ class ChunkResult:
 
 
 def init_worker(tokenizer: Tokenizer, keys: list[str], append_eod: bool, skip_bad_lines: bool,
-                scratch: str, ignore_sigint: bool, parent: int | None = None,
-                job: str | None = None) -> None:
+                max_document_bytes: int, scratch: str, ignore_sigint: bool,
+                parent: int | None = None, job: str | None = None) -> None:
     """Set up this process to tokenize the chunks of one job.
 
     Args:
         tokenizer: arrives pickled as its spec and is loaded here, once per worker.
-        keys, append_eod, skip_bad_lines: the job's options (see ``tokenize_corpus``).
-        scratch: the job's scratch folder, where shards are written.
+        keys, append_eod, skip_bad_lines, max_document_bytes: the job's options (see
+            ``tokenize_corpus``).
+        scratch: the job's scratch folder, where shards are written (the last of the job's
+            arguments: Ray names the job by it).
         ignore_sigint: leave Ctrl-C and SIGTERM to the main process (pool workers).
         parent: die with this process (pool workers; see :func:`_die_with_parent`).
         job: a name of the job, returned by :func:`worker_job` afterwards.
@@ -90,7 +93,8 @@ def init_worker(tokenizer: Tokenizer, keys: list[str], append_eod: bool, skip_ba
     # thread pool of every core, in every worker (cores x workers threads fighting).
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     _state.update(tokenizer=tokenizer, keys=keys, append_eod=append_eod,
-                  skip_bad_lines=skip_bad_lines, scratch=Path(scratch), job=job)
+                  skip_bad_lines=skip_bad_lines, max_document_bytes=max_document_bytes,
+                  scratch=Path(scratch), job=job)
 
 
 def worker_job() -> str | None:
@@ -141,17 +145,34 @@ def encode_documents(tokenizer: Tokenizer, texts: list[str], append_eod: bool
     tokens = np.empty(int(lengths.sum()), dtype=tokenizer.token_dtype)
     if not ids:
         return tokens, lengths
+    concatenated = np.concatenate(ids)
+    _check_id_range(tokenizer, concatenated)
     if append_eod:
         # the EOD slots are the last position of each non-empty document; the ids fill the
-        # rest in order (and are cast to the token dtype: every id is below the vocab size)
+        # rest in order (and are cast to the token dtype: every id is below the vocab size,
+        # checked above)
         eod_positions = np.cumsum(lengths)[lengths > 0] - 1
         is_text = np.ones(len(tokens), dtype=bool)
         is_text[eod_positions] = False
-        tokens[is_text] = np.concatenate(ids)
+        tokens[is_text] = concatenated
         tokens[eod_positions] = tokenizer.eod_id
     else:
-        tokens[:] = np.concatenate(ids)
+        tokens[:] = concatenated
     return tokens, lengths
+
+
+def _check_id_range(tokenizer: Tokenizer, ids: np.ndarray) -> None:
+    """Refuse ids outside ``[0, vocab_size)``: the cast to the token dtype (uint16 below a
+    vocabulary of 65,500) would wrap them silently into other tokens' ids."""
+    if not len(ids):
+        return
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0 or high >= tokenizer.vocab_size:
+        bad = low if low < 0 else high
+        raise UserError(f"{tokenizer.spec}: the tokenizer gave id {bad:,}, outside its "
+                        f"vocabulary [0, {tokenizer.vocab_size:,}) that the token files' "
+                        f"{tokenizer.token_dtype} holds; nothing was written, fix the "
+                        "tokenizer's files")
 
 
 def tokenize_chunk(chunk: Chunk) -> ChunkResult:
@@ -159,7 +180,8 @@ def tokenize_chunk(chunk: Chunk) -> ChunkResult:
     faults.fire("chunk", chunk=chunk.index)
     tokenizer: Tokenizer = _state["tokenizer"]
     keys: list[str] = _state["keys"]
-    docs = extract_documents(chunk, keys, _state["skip_bad_lines"])
+    docs = extract_documents(chunk, keys, _state["skip_bad_lines"],
+                             _state["max_document_bytes"])
     shards, num_tokens, num_empty = {}, {}, {}
     for key in keys:
         tokens, lengths = encode_documents(tokenizer, docs.texts[key], _state["append_eod"])

@@ -19,7 +19,7 @@ from bloomline.dataprep.demo_corpus import write_demo_corpus
 from bloomline.dataprep.formats import SUPPORTED_SUFFIXES
 from bloomline.dataprep.indexed_dataset import IndexedDataset, merge_indexed_datasets
 from bloomline.dataprep.sharding import check_shard_parts, format_merge_summary, parse_shard
-from bloomline.dataprep.tokenize_corpus import tokenize_corpus
+from bloomline.dataprep.tokenize_corpus import output_prefix, tokenize_corpus
 from bloomline.dataprep.tokenizer import TOKENIZER_SPEC_HELP
 from bloomline.dataprep.tokenizer import train_tokenizer as train
 
@@ -98,6 +98,9 @@ def tokenize(
     txt_per_line: bool = typer.Option(False, help="Each line of a .txt file is a document."),
     chunk_mb: float = typer.Option(
         8.0, help="Most input MiB per unit of work (less for small inputs and near the end)."),
+    max_document_mb: float = typer.Option(
+        64.0, help="Most MiB one line (document) may hold; a longer one is a bad line. "
+        "Tokenizers need many times a document's size in memory."),
     quiet: bool = typer.Option(False, help="No progress line."),
     shard: str = typer.Option(
         None, metavar="K/N", help="Tokenize only part K (0..N-1) of N deterministic parts of "
@@ -111,11 +114,12 @@ def tokenize(
 ) -> None:
     """Tokenize corpora into Megatron-compatible NAME.bin/NAME.idx."""
     summary = tokenize_corpus(
-        inputs, tokenizer, output, keys=json_key, workers=workers, append_eod=append_eod,
-        overwrite=overwrite, skip_bad_lines=skip_bad_lines, txt_per_line=txt_per_line,
+        inputs, tokenizer, _output_prefix(output), keys=json_key, workers=workers,
+        append_eod=append_eod, overwrite=overwrite, skip_bad_lines=skip_bad_lines,
+        txt_per_line=txt_per_line,
         max_chunk_bytes=max(1, int(chunk_mb * (1 << 20))), show_progress=not quiet,
         eod_token=eod_token, shard=parse_shard(shard) if shard is not None else None,
-        ray_address=ray)
+        ray_address=ray, max_document_bytes=max(1, int(max_document_mb * (1 << 20))))
     for message in summary.skipped_messages:
         typer.echo(f"skipped: {message}", err=True)
     typer.echo(summary.format())
@@ -129,6 +133,7 @@ def merge(
 ) -> None:
     """Concatenate token files (same dtype) into one .bin/.idx pair. The N parts of a
     `tokenize --shard K/N` job, given in shard order, give the single run's bytes."""
+    output = _output_prefix(output)
     # checked before anything is written: parts of one job, each once, in shard order
     counts = [IndexedDataset(prefix).num_documents for prefix in prefixes]
     parts = check_shard_parts(prefixes, counts)
@@ -166,6 +171,17 @@ def build_index(
     built = build_sample_datasets(corpus_dir, request, cache_dir=cache_dir)
     typer.echo(json.dumps(built.report, indent=1) if json_output else
                format_report(built.report))
+
+
+def _output_prefix(output: str) -> str:
+    """``--output corpus/NAME.idx`` (or ``.bin``) means the pair ``corpus/NAME.bin/.idx``: the
+    prefix without the suffix, said on stderr (the writer already dropped it, while the
+    records beside the pair and the messages kept it)."""
+    prefix = output_prefix(output)
+    if prefix != output:
+        typer.echo(f"note: --output {output}: writing {prefix}.bin/.idx (the prefix without "
+                   f"{output[len(prefix):]})", err=True)
+    return prefix
 
 
 def _ray_address_optional(argv: list[str]) -> list[str]:

@@ -11,24 +11,28 @@ from __future__ import annotations
 
 from bloomline.dataprep.formats import FORMATS
 from bloomline.dataprep.formats.base import (
+    DEFAULT_MAX_DOCUMENT_BYTES,
     BadInputError,
     Chunk,
     ChunkDocuments,
     DocumentCollector,
 )
 
-__all__ = ["BadInputError", "ChunkDocuments", "extract_documents"]
+__all__ = ["DEFAULT_MAX_DOCUMENT_BYTES", "BadInputError", "ChunkDocuments", "extract_documents"]
 
 
-def extract_documents(chunk: Chunk, keys: list[str], skip_bad_lines: bool = False
-                      ) -> ChunkDocuments:
+def extract_documents(chunk: Chunk, keys: list[str], skip_bad_lines: bool = False,
+                      max_document_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES) -> ChunkDocuments:
     """The texts of every document of ``chunk`` for every key, in input order.
+
+    A line (file, value) of more than ``max_document_bytes`` is a bad line: it is named
+    before anything decodes or tokenizes it.
 
     Text inputs (``.txt``) have no keys: their one text goes under ``keys[0]``.
 
     Raises:
         BadInputError: at the first bad line unless ``skip_bad_lines``.
     """
-    out = DocumentCollector(keys, skip_bad_lines)
+    out = DocumentCollector(keys, skip_bad_lines, max_document_bytes)
     FORMATS[chunk.source.format].documents(chunk, keys, out)
     return out.docs

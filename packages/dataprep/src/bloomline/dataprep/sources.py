@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from bloomline.common.errors import UserError
+from bloomline.common.file_kinds import require_regular_file
 from bloomline.dataprep.formats import (
     FORMATS,
     SUPPORTED_SUFFIXES,
@@ -65,7 +66,8 @@ def _source_for_dir(path: Path) -> list[Source]:
                 continue
             claimed = format_of_file(name)
             if claimed is not None:
-                full = root_path / name
+                # a FIFO or device named like an input would read as empty, or block forever
+                full = require_regular_file(root_path / name, "input")
                 found.append(Source(str(full), claimed[0].name, claimed[1],
                                     full.stat().st_size))
     if not found:
@@ -82,6 +84,8 @@ def _source_for_path(path: str) -> list[Source]:
     if claimed is None:
         raise UserError(f"{path}: unsupported input type; expected one of "
                         f"{', '.join(SUPPORTED_SUFFIXES)}, a directory or a save_to_disk folder")
+    # a FIFO reads as an empty file (its size is 0) or blocks forever, a device never ends
+    require_regular_file(p, "input")
     if not os.access(path, os.R_OK):
         raise UserError(f"{path}: not readable")
     return [Source(path, claimed[0].name, claimed[1], p.stat().st_size)]

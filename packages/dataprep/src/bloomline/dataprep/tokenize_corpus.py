@@ -60,6 +60,7 @@ from bloomline.dataprep.chunk_worker import (
     stop_signals_blocked,
     tokenize_chunk,
 )
+from bloomline.dataprep.documents import DEFAULT_MAX_DOCUMENT_BYTES
 from bloomline.dataprep.fingerprint import fingerprint_path, write_fingerprint
 from bloomline.dataprep.indexed_dataset import IndexedDatasetWriter
 from bloomline.dataprep.ray_tasks import ray_results_in_flight
@@ -69,6 +70,7 @@ from bloomline.dataprep.tokenizer import load_tokenizer
 
 __all__ = [
     "TokenizeSummary",
+    "output_prefix",
     "output_prefixes",
     "tokenize_corpus",
 ]
@@ -118,6 +120,34 @@ class TokenizeSummary:
             f"{self.num_documents / secs:,.0f} docs/s | {self.text_bytes / secs / 1e6:.2f} MB/s | "
             f"{total_tokens / secs:,.0f} tokens/s")
         return "\n".join(lines)
+
+
+def output_prefix(output: str) -> str:
+    """The prefix of a token file pair given as ``corpus/NAME``, ``corpus/NAME.bin`` or
+    ``corpus/NAME.idx`` (the writer names the pair so; the fingerprint and shard records and
+    the messages must agree)."""
+    for suffix in (".bin", ".idx"):
+        if output.endswith(suffix) and len(Path(output).name) > len(suffix):
+            return output[: -len(suffix)]
+    return output
+
+
+def _check_some_tokens(summary: TokenizeSummary, tokenizer, is_part: bool) -> None:
+    """Refuse to write an output of zero tokens: a tokenizer that encodes nothing (every
+    document empty), or inputs with no document (all blank, or every line skipped); a
+    ``--shard`` part may be empty (more parts than lines), its documents may not."""
+    for key, prefix in summary.outputs.items():
+        if summary.num_tokens.get(key, 0):
+            continue
+        if summary.num_documents:
+            raise UserError(
+                f"{tokenizer.spec}: the tokenizer encoded all {summary.num_documents:,} "
+                f"documents of {prefix} into 0 tokens; check --tokenizer (and --json-key)")
+        if not is_part:
+            skipped = (f" ({summary.num_skipped:,} bad lines skipped)"
+                       if summary.num_skipped else "")
+            raise UserError(f"{prefix}: the inputs hold no documents{skipped}; nothing to "
+                            "tokenize, check the INPUTs and --json-key")
 
 
 def output_prefixes(output: str, keys: list[str]) -> dict[str, str]:
@@ -223,7 +253,8 @@ def _results_in_flight(chunks: Iterator[Chunk], workers: int, init_args: tuple
         if os.path.exists(mark) or _MAIN_REIMPORT_EXIT in _worker_exit_codes(pool):
             raise _main_guard_error() from None
         raise UserError("tokenize: a worker process died (killed, or out of memory); rerun "
-                        "with fewer --workers or a smaller --chunk-mb") from None
+                        "with fewer --workers, a smaller --chunk-mb or a lower "
+                        "--max-document-mb") from None
     finally:
         # On error, Ctrl-C or SIGTERM: kill the workers (a chunk may take long, or hang) and
         # wait for them, then the caller removes the scratch folder: no worker is left
@@ -387,6 +418,7 @@ def tokenize_corpus(
     eod_token: str | None = None,
     shard: tuple[int, int] | None = None,
     ray_address: str | None = None,
+    max_document_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES,
 ) -> TokenizeSummary:
     """Tokenize ``inputs`` into ``output.bin/.idx`` (or ``output_KEY`` per key).
 
@@ -398,7 +430,9 @@ def tokenize_corpus(
     :mod:`~bloomline.dataprep.sharding`) and records it in ``output.shard.json``.
     ``ray_address`` runs the chunks as tasks on that Ray cluster ("local": a Ray instance
     started here for this job; see :mod:`~bloomline.dataprep.ray_tasks`); ``workers`` is
-    then the number of cores of a local instance.
+    then the number of cores of a local instance. A line (file, value) of more than
+    ``max_document_bytes`` is a bad line (named, or skipped with ``skip_bad_lines``).
+    ``output`` may end in ``.bin`` or ``.idx``: that is the pair's prefix without it.
 
     With ``workers > 1`` the workers are started with the spawn method, which imports the
     caller's main script in each of them: a script must call this under
@@ -415,6 +449,9 @@ def tokenize_corpus(
         raise UserError(f"--json-key {keys}: give one or more distinct keys")
     if workers < 1:
         raise UserError(f"--workers {workers}: must be at least 1")
+    if max_document_bytes < 1:
+        raise UserError(f"--max-document-mb: {max_document_bytes} bytes; must be positive")
+    output = output_prefix(output)
     if output.endswith(("/", os.sep)) or Path(output).is_dir():
         raise UserError(f"--output {output}: a folder; give a file prefix like corpus/NAME")
     outputs = output_prefixes(output, keys)
@@ -440,8 +477,10 @@ def tokenize_corpus(
                        for key, prefix in outputs.items()}
             try:
                 _tokenize_into(writers, sources, max_chunk_bytes, txt_per_line, workers,
-                               (tokenizer, keys, append_eod, skip_bad_lines, str(scratch)),
+                               (tokenizer, keys, append_eod, skip_bad_lines,
+                                max_document_bytes, str(scratch)),
                                ray_address, summary, progress)
+                _check_some_tokens(summary, tokenizer, shard is not None)
                 stop.hold()  # past the point of no return: the outputs go into place now
                 for prefix in outputs.values():  # an overwritten output's records go first
                     fingerprint_path(prefix).unlink(missing_ok=True)

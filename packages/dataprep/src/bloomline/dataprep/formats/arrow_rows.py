@@ -1,6 +1,6 @@
 """Documents out of an Arrow table's string columns: what Parquet files and dataset folders
-share. A null is a bad row, named as ``FILE: row N``; pyarrow is imported on first use (only
-jobs with such inputs pay for it)."""
+share. A null, or a value over the limit per document, is a bad row, named as
+``FILE: row N``; pyarrow is imported on first use (only jobs with such inputs pay for it)."""
 
 from __future__ import annotations
 
@@ -33,12 +33,21 @@ def arrow_rows(path: str, table, first_row: int, keys: list[str],
         columns.append(column)
     valid = None
     for key, column in zip(keys, columns, strict=True):
-        if column.null_count:
-            nulls = pc.is_null(column)
-            for row in pc.indices_nonzero(nulls).to_pylist():
-                out.bad(f"{path}: row {first_row + row}: column {key!r} is null, "
-                        "expected a string")
-            valid = pc.invert(nulls) if valid is None else pc.and_(valid, pc.invert(nulls))
+        # a null is a bad row; so is a value over the limit per document (before any Python
+        # string of it is made)
+        sizes = pc.binary_length(column)
+        big = pc.fill_null(pc.greater(sizes, out.max_document_bytes), False)
+        if not (column.null_count or pc.any(big).as_py()):
+            continue
+        nulls = pc.is_null(column)
+        for row in pc.indices_nonzero(nulls).to_pylist():
+            out.bad(f"{path}: row {first_row + row}: column {key!r} is null, "
+                    "expected a string")
+        for row in pc.indices_nonzero(big).to_pylist():
+            out.oversized(f"{path}: row {first_row + row}: column {key!r}",
+                          sizes[row].as_py(), "value")
+        keep = pc.invert(pc.or_(nulls, big))
+        valid = keep if valid is None else pc.and_(valid, keep)
     for key, column in zip(keys, columns, strict=True):
         kept = column.filter(valid) if valid is not None else column
         out.docs.texts[key].extend(kept.to_pylist())

@@ -20,6 +20,7 @@ from bloomline.common.errors import UserError
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
+    "DEFAULT_MAX_DOCUMENT_BYTES",
     "MIN_CHUNK_BYTES",
     "BadInputError",
     "Chunk",
@@ -33,6 +34,10 @@ __all__ = [
 
 DEFAULT_CHUNK_BYTES = 8 << 20
 MIN_CHUNK_BYTES = 256 << 10
+# The most bytes one line (one document) may hold. A tokenizer needs many times a text's size
+# in memory: a 1 GB line made SentencePiece die with std::bad_alloc, killing the worker with
+# no word of which line. Real documents (books, source files, articles) are far below this.
+DEFAULT_MAX_DOCUMENT_BYTES = 64 << 20
 _MAX_REPORTED = 5  # skipped-line messages kept per chunk for the final summary
 
 
@@ -135,9 +140,24 @@ class DocumentCollector:
     document by document; without, the first bad line raises.
     """
 
-    def __init__(self, keys: list[str], skip_bad_lines: bool) -> None:
+    def __init__(self, keys: list[str], skip_bad_lines: bool,
+                 max_document_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES) -> None:
         self.docs = ChunkDocuments({key: [] for key in keys})
         self.skip_bad_lines = skip_bad_lines
+        self.max_document_bytes = max_document_bytes
+
+    def too_big(self, size: int) -> bool:
+        """Whether a document of ``size`` bytes is over the limit (then :meth:`oversized`)."""
+        return size > self.max_document_bytes
+
+    def oversized(self, where: str, size: int, what: str = "line") -> None:
+        """Report a ``what`` (line, file, value) of ``size`` bytes at ``where``, over the limit
+        per document, as bad (see :meth:`bad`), before anything decodes or tokenizes it."""
+        self.bad(f"{where}: a {what} of {size:,} bytes, over the limit of "
+                 f"{self.max_document_bytes:,} bytes per document (--max-document-mb "
+                 f"{self.max_document_bytes / (1 << 20):.3g}); split the document, raise "
+                 "--max-document-mb where memory allows (a tokenizer needs many times a "
+                 "document's size), or skip such lines with --skip-bad-lines")
 
     def bad(self, message: str) -> None:
         """Report a bad line, row or file (``FILE:LINE: what``).

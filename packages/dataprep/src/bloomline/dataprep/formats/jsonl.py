@@ -25,6 +25,9 @@ def _json_lines(chunk: Chunk, keys: list[str], out: DocumentCollector) -> None:
     for offset, raw in enumerate(chunk.payload.split(b"\n")):
         if not raw.strip():
             continue  # blank lines (a trailing newline, separators) are not documents
+        if out.too_big(len(raw)):
+            out.oversized(at(offset), len(raw))
+            continue
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError as err:
@@ -36,6 +39,13 @@ def _json_lines(chunk: Chunk, keys: list[str], out: DocumentCollector) -> None:
             hint = " (a JSON array file? bloomline reads one object per line)" if (
                 line.lstrip().startswith("[")) else ""
             out.bad(f"{at(offset)}: malformed JSON: {err.msg} at column {err.colno}{hint}")
+            continue
+        except RecursionError:  # [[[[...]]]] or {"a": {"a": ...}} nested beyond Python's stack
+            out.bad(f"{at(offset)}: JSON nested too deeply to read (thousands of levels of "
+                    "arrays or objects)")
+            continue
+        except ValueError as err:  # a number of more digits than Python converts (4,300)
+            out.bad(f"{at(offset)}: unreadable JSON value: {str(err).split(';')[0]}")
             continue
         if not isinstance(obj, dict):
             out.bad(f"{at(offset)}: expected a JSON object, got {_type_name(obj)}")

@@ -21,6 +21,7 @@ from typing import BinaryIO
 import zstandard
 
 from bloomline.common.errors import UserError
+from bloomline.common.file_kinds import open_regular
 from bloomline.dataprep.formats.base import Chunk, ChunkSizer, DocumentCollector, Format, Source
 
 __all__ = [
@@ -52,7 +53,7 @@ _DECOMPRESS_ERRORS = (OSError, EOFError, ValueError, zlib.error, zstandard.ZstdE
 
 def _open_binary(source: Source):
     """(decompressed stream, raw file): the raw file's position tracks on-disk progress."""
-    raw = open(source.path, "rb")  # noqa: SIM115 - closed by the caller through the pair
+    raw = open_regular(source.path, "input")  # closed by the caller through the pair
     if source.compression is not None:
         return COMPRESSIONS[source.compression](raw), raw
     return raw, raw
@@ -110,11 +111,11 @@ def read_line_range(path: str, start: int, stop: int) -> tuple[bytes, int]:
     one of any ranges that tile the file, whoever reads them: chunk ranges and ``--shard``
     parts need no agreement beyond their byte offsets.
     """
-    with open(path, "rb") as fh:
+    with open_regular(path, "input") as fh:
         if start > 0:
             fh.seek(start - 1)
             if fh.read(1) != b"\n":
-                fh.readline()  # the rest of a line that started before ``start``
+                _skip_rest_of_line(fh)  # of a line that started before ``start``
         first = fh.tell()
         if first >= stop:
             return b"", first
@@ -124,10 +125,18 @@ def read_line_range(path: str, start: int, stop: int) -> tuple[bytes, int]:
         return data, first
 
 
+def _skip_rest_of_line(fh) -> None:
+    """Move past the next newline in pieces: a line of gigabytes is never held whole here."""
+    while True:
+        piece = fh.readline(1 << 20)
+        if not piece or piece.endswith(b"\n"):
+            return
+
+
 def count_lines_before(path: str, offset: int) -> int:
     """Newlines in the first ``offset`` bytes of ``path`` (for a line number in a message)."""
     count = 0
-    with open(path, "rb") as fh:
+    with open_regular(path, "input") as fh:
         while offset > 0:
             block = fh.read(min(offset, 1 << 24))
             if not block:

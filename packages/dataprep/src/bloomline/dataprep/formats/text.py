@@ -7,7 +7,10 @@ line file. Text has no keys: its one text goes under the single ``--json-key``.
 
 from __future__ import annotations
 
+import os
+
 from bloomline.common.errors import UserError
+from bloomline.common.file_kinds import open_regular
 from bloomline.dataprep.formats.base import Chunk, DocumentCollector, Source
 from bloomline.dataprep.formats.lines import LineFormat, where
 
@@ -20,6 +23,9 @@ def _text_lines(chunk: Chunk, out: DocumentCollector) -> None:
         raw = raw.rstrip(b"\r")
         if not raw.strip():
             continue
+        if out.too_big(len(raw)):
+            out.oversized(where(chunk, offset), len(raw))
+            continue
         try:
             texts.append(raw.decode("utf-8"))
         except UnicodeDecodeError as err:
@@ -30,7 +36,11 @@ def _text_lines(chunk: Chunk, out: DocumentCollector) -> None:
 def _text_files(chunk: Chunk, out: DocumentCollector) -> None:
     (texts,) = out.docs.texts.values()
     for path in chunk.files:
-        with open(path, "rb") as fh:
+        with open_regular(path, "input") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if out.too_big(size):
+                out.oversized(path, size, "file")
+                continue
             raw = fh.read()
         try:
             texts.append(raw.decode("utf-8"))

@@ -31,7 +31,11 @@ import numpy as np
 from bloomline.common.errors import UserError
 from bloomline.dataprep.indexed_dataset import token_dtype_for_vocab
 
-__all__ = ["Tokenizer"]
+__all__ = ["MAX_TOKEN_ID", "Tokenizer"]
+
+# The largest id a token file holds: ``.bin`` files of a large vocabulary are int32 (Megatron's
+# format). A tokenizer with a larger id would have it wrapped into another token's id.
+MAX_TOKEN_ID = 2**31 - 1
 
 
 class Tokenizer(ABC):

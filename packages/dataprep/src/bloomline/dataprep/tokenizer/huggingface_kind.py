@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from bloomline.common.errors import UserError
-from bloomline.dataprep.tokenizer.base import Tokenizer
+from bloomline.dataprep.tokenizer.base import MAX_TOKEN_ID, Tokenizer
 
 __all__ = ["HuggingFaceTokenizer", "WELL_KNOWN_TOKENS"]
 
@@ -82,8 +82,7 @@ class HuggingFaceTokenizer(Tokenizer):
         self._tok.no_truncation()
         # not get_vocab_size(): it counts entries, fewer than the id space when added tokens
         # sit above the base vocabulary with unused ids between (base.py's docstring)
-        self._vocab_size = max(self._tok.get_vocab(with_added_tokens=True).values(),
-                               default=-1) + 1
+        self._vocab_size = _largest_id(path, self._tok) + 1
         self.special_ids = self._find_special_ids(path.parent / "tokenizer_config.json")
         if eod_token is not None:
             token_id = self._tok.token_to_id(eod_token)
@@ -96,6 +95,8 @@ class HuggingFaceTokenizer(Tokenizer):
         if config_path.is_file():
             try:
                 config = json.loads(config_path.read_text(encoding="utf-8"))
+            except RecursionError:
+                raise UserError(f"{config_path}: JSON nested too deeply to read") from None
             except (OSError, ValueError) as err:
                 raise UserError(f"{config_path}: not readable JSON ({err})") from None
         found: dict[str, int] = {}
@@ -172,3 +173,24 @@ class HuggingFaceTokenizer(Tokenizer):
     def to_tokenizer_json(self) -> str:
         # the loaded backend has padding and truncation switched off, as our encode runs it
         return self._tok.to_str()
+
+
+def _largest_id(path: Path, tok) -> int:
+    """The largest id of any token (-1: none), checked to fit a token file.
+
+    The library reads ids as unsigned 32-bit numbers (a negative id is its own parse error),
+    so ids from 2**31 up load, and would wrap to negative ids in int32 token files.
+
+    Raises:
+        UserError: naming the token whose id is above :data:`MAX_TOKEN_ID`.
+    """
+    ids = dict(tok.get_vocab(with_added_tokens=True))
+    for token_id, added in tok.get_added_tokens_decoder().items():
+        ids.setdefault(added.content, token_id)
+    if not ids:
+        return -1
+    token, largest = max(ids.items(), key=lambda item: item[1])
+    if largest > MAX_TOKEN_ID:
+        raise UserError(f"{path}: token {token!r} has id {largest:,}, above "
+                        f"{MAX_TOKEN_ID:,}, the largest id a token file holds; renumber it")
+    return largest

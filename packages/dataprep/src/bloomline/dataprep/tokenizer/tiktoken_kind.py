@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from bloomline.common.errors import UserError
-from bloomline.dataprep.tokenizer.base import Tokenizer
+from bloomline.dataprep.tokenizer.base import MAX_TOKEN_ID, Tokenizer
 from bloomline.dataprep.tokenizer.tiktoken_convert import tiktoken_to_tokenizers
 
 __all__ = ["TiktokenTokenizer", "tiktoken_names"]
@@ -174,6 +174,11 @@ def _load_encoding(spec: str):
                         f"{str(err).splitlines()[0][:120]})") from None
     if ranks_file is not None:
         params.pop("explicit_n_vocab", None)  # a custom file may have another size
+        ranks = set(params["mergeable_ranks"].values())
+        for token, rank in params.get("special_tokens", {}).items():
+            if rank in ranks:
+                raise UserError(f"{spec}: rank {rank} is also the id of {name}'s special "
+                                f"token {token!r}; give that token's id to no ranks line")
     return tiktoken.Encoding(**params)
 
 
@@ -216,7 +221,15 @@ def _reads_redirected(load_module, ranks_file: Path | None) -> Iterator[None]:
 
 
 def _check_ranks(path: Path, data: bytes) -> None:
-    """One line naming the first bad line, instead of tiktoken's bare ValueError."""
+    """One line naming the first bad line, instead of tiktoken's bare ValueError (or its
+    silence: a repeated token or rank would leave the ids meaning something else).
+
+    Raises:
+        UserError: no ranks, a malformed line, a rank outside ``[0, MAX_TOKEN_ID]`` (no token
+            file holds it), or a token or rank given twice (both lines named).
+    """
+    token_lines: dict[bytes, int] = {}
+    rank_lines: dict[int, int] = {}
     for number, line in enumerate(data.splitlines(), 1):
         if not line:
             continue
@@ -224,8 +237,21 @@ def _check_ranks(path: Path, data: bytes) -> None:
         try:
             if len(parts) != 2:
                 raise ValueError
-            base64.b64decode(parts[0], validate=True)
-            int(parts[1])
+            token = base64.b64decode(parts[0], validate=True)
+            rank = int(parts[1])
         except ValueError:
             raise UserError(f"{path}:{number}: not a tiktoken ranks line (base64 token, space, "
                             "rank)") from None
+        if not 0 <= rank <= MAX_TOKEN_ID:
+            raise UserError(f"{path}:{number}: rank {rank} is outside 0..{MAX_TOKEN_ID:,}, the "
+                            "ids a token file holds")
+        if token in token_lines:
+            raise UserError(f"{path}:{number}: token {token!r} again (first on line "
+                            f"{token_lines[token]}); each token has one rank")
+        if rank in rank_lines:
+            raise UserError(f"{path}:{number}: rank {rank} again (first on line "
+                            f"{rank_lines[rank]}); each rank is one token's")
+        token_lines[token] = number
+        rank_lines[rank] = number
+    if not token_lines:
+        raise UserError(f"{path}: holds no ranks (expected lines of base64 token, space, rank)")
