@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import signal
 import subprocess
@@ -13,37 +15,58 @@ from bloomline.common.errors import UserError
 from bloomline.common.output_lock import lock_path, output_lock, output_locks
 
 
+@contextlib.contextmanager
+def held_elsewhere(output, pid=4242):
+    """The lock of ``output`` as another writer holds it: its own descriptor, its pid."""
+    path = lock_path(output)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.write(fd, f"{pid}\n".encode())
+        yield
+    finally:
+        os.close(fd)
+
+
 def test_second_writer_of_an_output_is_refused_naming_the_holder(tmp_path):
     """Bug: two writers of one output both pass the exists-check made at their start and
     the later to finish replaces the other's files, both exiting 0; nothing locked it."""
     prefix = tmp_path / "corpus" / "web"
-    with output_lock(prefix):
-        assert lock_path(prefix) == tmp_path / "corpus" / ".web.lock"
+    assert lock_path(prefix) == tmp_path / "corpus" / ".web.lock"
+    with held_elsewhere(prefix):
         with pytest.raises(UserError) as refused:
             with output_lock(prefix):
                 pass
         message = str(refused.value)
-        assert message.startswith(f"another process (pid {os.getpid()}) is writing {prefix}")
+        assert message.startswith(f"another process (pid 4242) is writing {prefix}")
         assert "\n" not in message
         with output_lock(tmp_path / "corpus" / "books"):  # another output: not blocked
             pass
-    assert not lock_path(prefix).exists()  # a clean exit leaves no sidecar
     with output_lock(prefix):  # released: the next writer gets it
-        pass
+        with output_lock(prefix):  # nested in one process: one hold (command, then writer)
+            pass
+        assert lock_path(prefix).exists()  # the outer hold still holds it
+        with pytest.raises(BlockingIOError):  # and it is a real flock
+            fd = os.open(lock_path(prefix), os.O_RDWR)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            finally:
+                os.close(fd)
+    assert not lock_path(prefix).exists()  # a clean exit leaves no sidecar
 
 
 def test_several_outputs_lock_all_or_none(tmp_path):
     """Bug: a multi-key tokenize locking only its first output, so that a run writing one of
     the others is not refused."""
     a, b = tmp_path / "web_text", tmp_path / "web_title"
-    with output_lock(b), pytest.raises(UserError, match="is writing .*web_title"):
+    with held_elsewhere(b), pytest.raises(UserError, match="is writing .*web_title"):
         with output_locks([a, b]):
             pass
+    assert not lock_path(a).exists()  # the lock it got first was given back
     with output_locks([a, b]):
-        with pytest.raises(UserError):
-            with output_lock(a):
-                pass
-    assert sorted(os.listdir(tmp_path)) == []
+        assert lock_path(a).exists() and lock_path(b).exists()
+    assert list(tmp_path.iterdir()) == []  # the stale sidecar taken over and removed
 
 
 def test_lock_of_a_killed_writer_is_released(tmp_path):

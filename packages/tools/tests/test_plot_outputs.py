@@ -2,14 +2,30 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
+
 import pytest
 
-from bloomline.common.output_lock import output_lock
+from bloomline.common.output_lock import lock_path
 
 
 def _args(corpus_dir, out, cache, *more):
     return ["plot", corpus_dir, "--out", out, "--seq-length", 16, "--train-samples", 50,
             "--split", "90,10", "--cache-dir", cache, *more]
+
+
+@contextlib.contextmanager
+def held_elsewhere(output, pid=4242):
+    """The lock of ``output`` as another writer holds it: its own descriptor, its pid."""
+    fd = os.open(lock_path(output), os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.write(fd, f"{pid}\n".encode())
+        yield
+    finally:
+        os.close(fd)
 
 
 def _checkpoint(folder):
@@ -48,9 +64,9 @@ def test_plot_refuses_a_second_writer_of_the_same_out(corpus, tmp_path, inspect)
     the other's image (nothing locked the output)."""
     pytest.importorskip("matplotlib")
     out = tmp_path / "plot.png"
-    with output_lock(out):  # the first writer, mid-write
+    with held_elsewhere(out):  # the first writer, mid-write
         code, _, err = inspect(*_args(corpus["dir"], out, tmp_path / "cache"))
-    assert code == 1 and "is writing" in err and str(out) in err
+    assert code == 1 and f"another process (pid 4242) is writing {out}" in err
     assert not out.exists() and not (tmp_path / "cache").exists()
 
 

@@ -14,6 +14,10 @@ removes it while still holding the lock, and whoever locks a file checks afterwa
 path still names that file (else it locks again): two processes never hold two different
 files of the same name.
 
+Nested holds in one process are one hold: a command holds its outputs' locks for its whole
+run (token files, then the records beside them), and the writer of the token files takes the
+same lock for its own life, which must not refuse its own process.
+
 Filesystems without ``flock`` (Lustre mounted without ``-o flock``, some FUSE mounts) cannot
 lock; there the command runs without the lock, as it did before the lock existed.
 """
@@ -29,10 +33,12 @@ from pathlib import Path
 
 from bloomline.common.errors import UserError
 
-__all__ = ["lock_path", "output_lock", "output_locks"]
+__all__ = ["OutputLock", "lock_path", "output_lock", "output_locks"]
 
 # filesystems where flock is not supported: run unlocked there (nothing to protect with)
 _UNSUPPORTED = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL}
+# sidecar -> [descriptor or None (unsupported), holds]: the locks this process holds
+_HELD: dict[Path, list] = {}
 
 
 def lock_path(output: str | os.PathLike) -> Path:
@@ -82,30 +88,50 @@ def _acquire(output: str | os.PathLike) -> tuple[int, Path] | None:
         os.close(fd)  # its holder removed it between our open and our lock: take the new one
 
 
-def _release(held: tuple[int, Path] | None) -> None:
-    if held is None:
-        return
-    fd, path = held
-    try:
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()  # while still locked: see the module docstring
-    finally:
-        os.close(fd)
-
-
-@contextlib.contextmanager
-def output_lock(output: str | os.PathLike) -> Iterator[None]:
-    """Hold the lock of ``output`` (a prefix ``corpus/NAME``, a file or a folder) for the
-    block, or refuse at once.
+class OutputLock:
+    """A hold of the lock of ``output`` (a prefix ``corpus/NAME``, a file or a folder), taken
+    at once or refused; :meth:`release` (idempotent) ends it, the last hold of this process
+    unlocks and removes the sidecar.
 
     Raises:
         UserError: "another process (pid N) is writing OUTPUT; wait for it ...".
     """
-    held = _acquire(output)
+
+    def __init__(self, output: str | os.PathLike) -> None:
+        self.path = lock_path(output)
+        held = _HELD.get(self.path)
+        if held is None:
+            acquired = _acquire(output)
+            held = _HELD[self.path] = [acquired[0] if acquired else None, 0]
+        held[1] += 1
+        self._released = False
+
+    def release(self) -> None:
+        if self._released:
+            return
+        self._released = True
+        held = _HELD[self.path]
+        held[1] -= 1
+        if held[1]:
+            return
+        del _HELD[self.path]
+        if held[0] is None:
+            return
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                self.path.unlink()  # while still locked: see the module docstring
+        finally:
+            os.close(held[0])
+
+
+@contextlib.contextmanager
+def output_lock(output: str | os.PathLike) -> Iterator[None]:
+    """Hold the lock of ``output`` for the block (see :class:`OutputLock`)."""
+    lock = OutputLock(output)
     try:
         yield
     finally:
-        _release(held)
+        lock.release()
 
 
 @contextlib.contextmanager
