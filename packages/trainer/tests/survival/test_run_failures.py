@@ -350,6 +350,29 @@ def test_a_full_disk_during_a_save_ends_the_run_with_one_line_and_loses_nothing(
     assert run.left_behind() == []
 
 
+@pytest.mark.slow
+def test_a_full_disk_under_one_rank_prints_one_line_per_rank(corpus, tmp_path):
+    """Bug: under --nproc 2 a save that fails on one rank alone (its shard on a full disk)
+    ended that rank with its one line, but the other, waiting in the save's collective, died
+    with gloo's "Connection closed by peer" traceback (170-230 lines): each rank must print
+    one line, the failing one its error, the other that another process ended."""
+    recipe = _recipe(corpus, tmp_path / "run", tmp_path / "recipe.toml",
+                     checkpoint={"interval": 2}, data={"num_workers": 0},
+                     parallel={"data_parallel": 2, "world_size": 2})
+    run = _trainer("pretrain", "--nproc", "2", "--config", str(recipe),
+                   faults="enospc@save:step=2:rank=1")
+    assert run.finish(timeout=240) == 1, run.stderr
+    assert "Traceback" not in run.stderr and "[rank0]" not in run.stderr, run.stderr
+    lines = [line for line in run.stderr.splitlines() if not line.startswith("fault: ")]
+    assert any(line.startswith("rank 0: stopped: another process of the run ended during a "
+                               "collective (") for line in lines), run.stderr
+    errors = _error_lines(run.stderr)
+    assert len(errors) == 1 and errors[0].startswith("error: checkpoint of step 2: cannot "
+                                                     "write "), run.stderr
+    assert len(lines) <= 3, run.stderr  # the two ranks' lines and the launcher's at most
+    assert run.left_behind() == []
+
+
 # -- restarts ---------------------------------------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.parametrize(("fault", "starts", "last_line"), [

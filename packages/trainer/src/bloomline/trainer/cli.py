@@ -91,6 +91,18 @@ def pretrain(
         if dist.is_initialized():
             dist.destroy_process_group()
         raise
+    except Exception as error:
+        from bloomline.trainer.parallel.peer_failure import peer_failure
+
+        cause = peer_failure(error) if world_size > 1 else ""
+        if not cause:
+            raise  # a bug here: its traceback
+        # another rank failed first and says why in its own line: one line here, not gloo's
+        # traceback; os._exit: the broken process group can hang or abort an orderly exit
+        print(f"rank {rank}: stopped: another process of the run ended during a collective "
+              f"({cause}); its own error says why", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(1)
     if dist.is_initialized():
         dist.destroy_process_group()
     if state.stopped:  # a signal or train.max_wallclock: saved, to be continued
