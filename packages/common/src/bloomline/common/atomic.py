@@ -95,9 +95,10 @@ def check_replaceable_dir(path: str | os.PathLike, overwrite: bool, kind: str,
             f"it also holds {', '.join(foreign[:5])}{' ...' if len(foreign) > 5 else ''}"
             if foreign else "")
         other = foreign_folder(path)
+        what_it_is = f": this is {other}" if other else ""
         raise UserError(f"{path}: not replaced: --overwrite replaces only a folder holding "
-                        f"{what} and nothing else, and {why}{f' ({other})' if other else ''}; "
-                        "remove it yourself or choose another output")
+                        f"{what} and nothing else, and {why}{what_it_is}; remove it yourself "
+                        "or choose another output")
     if not overwrite:
         raise UserError(f"{path}: output exists; pass --overwrite to replace it")
 

@@ -27,8 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
-from bloomline.common.atomic import check_can_write, publish
+from bloomline.common.atomic import check_can_write, publish, publish_new
 from bloomline.common.errors import UserError
+from bloomline.common.output_lock import OutputLock
 from bloomline.dataprep.fingerprint import (
     check_same_tokenizer,
     fingerprint_path,
@@ -331,6 +332,11 @@ class IndexedDatasetWriter:
     see the output. Used as a context manager it finalizes on success and removes its
     temporary files on error.
 
+    One writer per output: it holds the output's lock (``bloomline.common.output_lock``) from
+    its exists-check to the last rename, so a second writer of the same prefix is refused at
+    once instead of replacing the first's files when it finishes; and without ``overwrite``
+    the renames never replace a file that appeared meanwhile (``publish_new``).
+
     Args:
         path_prefix: output ``corpus/NAME``.
         dtype: token dtype (see :func:`token_dtype_for_vocab`).
@@ -346,10 +352,17 @@ class IndexedDatasetWriter:
         self.dtype = np.dtype(dtype)
         if _CODE_OF_DTYPE.get(self.dtype) not in TOKEN_DTYPE_CODES:
             raise ValueError(f"dtype {self.dtype} is not an integer MMIDIDX token dtype")
-        check_can_write([self.bin_path, self.idx_path], overwrite)
-        self.idx_path.parent.mkdir(parents=True, exist_ok=True)
         self._tmp: dict[str, Path] = {}
         self._files = {}
+        self._done = False
+        self._lock = OutputLock(str(self.bin_path)[: -len(".bin")])
+        try:
+            check_can_write([self.bin_path, self.idx_path], overwrite)
+        except BaseException:
+            self.abort()
+            raise
+        self.overwrite = overwrite
+        self.idx_path.parent.mkdir(parents=True, exist_ok=True)
         for part in ("bin", "lengths", "docs", "idx"):
             fd, name = tempfile.mkstemp(prefix=f".{self.bin_path.stem}.{part}.",
                                         suffix=".partial",
@@ -361,7 +374,6 @@ class IndexedDatasetWriter:
         self.num_documents = 0
         self.num_tokens = 0
         self._files["docs"].write(np.zeros(1, np.int64).tobytes())
-        self._done = False
 
     def _check_tokens(self, tokens: np.ndarray) -> np.ndarray:
         tokens = np.asarray(tokens)
@@ -437,8 +449,16 @@ class IndexedDatasetWriter:
             docs = _map_raw(self._tmp["docs"], np.int64)
             write_index(self._tmp["idx"], self.dtype, lengths, docs)
             del lengths, docs
-            publish(self._tmp["bin"], self.bin_path)
-            publish(self._tmp["idx"], self.idx_path)
+            if self.overwrite:
+                publish(self._tmp["bin"], self.bin_path)
+                publish(self._tmp["idx"], self.idx_path)
+            else:  # the pair, or neither: never over a file written since the check
+                publish_new(self._tmp["bin"], self.bin_path)
+                try:
+                    publish_new(self._tmp["idx"], self.idx_path)
+                except BaseException:
+                    self.bin_path.unlink(missing_ok=True)
+                    raise
         finally:
             self._done = True
             self._remove_temporaries()
@@ -455,6 +475,8 @@ class IndexedDatasetWriter:
         for path in self._tmp.values():
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
+        if getattr(self, "_lock", None) is not None:
+            self._lock.release()
 
     def __enter__(self) -> IndexedDatasetWriter:
         return self

@@ -17,6 +17,15 @@ Both use the special ids of BLOOM's config: ``<unk>`` 0, ``<s>`` 1, ``</s>`` 2 (
 Both refuse, writing nothing, when the text yields fewer entries than ``--vocab-size`` asks
 (a byte-level BPE runs out of pairs to merge; SentencePiece refuses the same way): the line
 says how many it yields, so that the next run asks for what the text can give or adds text.
+
+Outputs: one run at a time per ``--output`` (``bloomline.common.output_lock``, held from the
+exists-check to the last rename). ``--overwrite`` replaces only this command's own output:
+the byte-bpe folder only when it holds ``tokenizer.json`` + ``tokenizer_config.json`` and
+nothing else (``check_replaceable_dir``: never an export or a run folder, whose
+``tokenizer.model`` would be left disagreeing with the new ``tokenizer.json``), swapped as a
+whole folder; the SentencePiece pair only when both files are SentencePiece files, and never
+beside a Hugging Face ``tokenizer.json`` it would disagree with. Neither is written into a
+checkpoint, a run folder or a corpus folder.
 """
 
 from __future__ import annotations
@@ -28,8 +37,16 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-from bloomline.common.atomic import atomic_output_dir, check_can_write
+from bloomline.common.atomic import (
+    atomic_output_dir,
+    check_not_inside_foreign,
+    check_replaceable_dir,
+    check_replaceable_file,
+    publish_dir,
+    publish_new,
+)
 from bloomline.common.errors import UserError
+from bloomline.common.output_lock import output_lock
 from bloomline.dataprep.documents import extract_documents
 from bloomline.dataprep.sources import expand_inputs, iter_chunks
 
@@ -46,6 +63,11 @@ _BLOOM_SPLIT = " ?[^(\\s|[.,!?…。，、।۔،])]+"
 # SentencePiece's refusal of a vocabulary larger than the text yields
 _SENTENCEPIECE_TOO_FEW = re.compile(r"Vocabulary size too high \((\d+)\)\. Please set it to a "
                                     r"value <= (\d+)")
+# what the byte-bpe folder holds, all of it (--overwrite replaces only such a folder)
+_BYTE_BPE_FILES = ("tokenizer.json", "tokenizer_config.json")
+# how SentencePiece's files start: the ModelProto's first field (its pieces, field 1,
+# length-delimited: byte 0x0a), and the .vocab's first line, piece 0 (always <unk> here)
+_SENTENCEPIECE_SIGNATURES = {".model": (b"\n",), ".vocab": (b"<unk>\t",)}
 
 
 def _training_sentences(inputs: list[str], keys: list[str], txt_per_line: bool,
@@ -107,12 +129,13 @@ def train_tokenizer(
     if vocab_size < 300:
         raise UserError(f"--vocab-size {vocab_size}: must be at least 300 (256 bytes, the "
                         "special tokens and some merges)")
-    if kind == "sentencepiece":
-        return _train_sentencepiece(inputs, output, vocab_size, model_type, keys, max_sentences,
-                                    character_coverage, txt_per_line, skip_bad_lines, seed,
-                                    num_threads, overwrite)
-    return _train_byte_bpe(inputs, Path(output), vocab_size, keys, max_sentences, txt_per_line,
-                           skip_bad_lines, seed, overwrite)
+    with output_lock(output):  # one run per --output, whichever kind
+        if kind == "sentencepiece":
+            return _train_sentencepiece(inputs, output, vocab_size, model_type, keys,
+                                        max_sentences, character_coverage, txt_per_line,
+                                        skip_bad_lines, seed, num_threads, overwrite)
+        return _train_byte_bpe(inputs, Path(output), vocab_size, keys, max_sentences,
+                               txt_per_line, skip_bad_lines, seed, overwrite)
 
 
 def _sample_sentences(inputs, keys, max_sentences, txt_per_line, skip_bad_lines, seed
@@ -141,10 +164,7 @@ def _train_byte_bpe(inputs: list[str], output: Path, vocab_size: int, keys: tupl
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
     from tokenizers.trainers import BpeTrainer
 
-    if output.exists() and not output.is_dir():
-        raise UserError(f"--output {output}: exists and is not a folder (byte-bpe writes a "
-                        "folder with tokenizer.json)")
-    check_can_write([output / "tokenizer.json"], overwrite)
+    _check_byte_bpe_output(output, overwrite)
     sentences = _sample_sentences(inputs, keys, max_sentences, txt_per_line, skip_bad_lines,
                                   seed)
     tokenizer = Tokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
@@ -167,12 +187,32 @@ def _train_byte_bpe(inputs: list[str], output: Path, vocab_size: int, keys: tupl
               "bos_token": bos, "eos_token": eos, "pad_token": pad,
               "model_max_length": 1_000_000_000, "add_prefix_space": False}
     with atomic_output_dir(output.parent, output.name) as scratch:
-        tokenizer.save(str(scratch / "tokenizer.json"))
-        (scratch / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
-        output.mkdir(parents=True, exist_ok=True)
-        for name in ("tokenizer.json", "tokenizer_config.json"):
-            os.replace(scratch / name, output / name)
+        staged = scratch / "tokenizer"
+        staged.mkdir()  # inside the 0700 scratch folder: gets the umask's ordinary mode
+        tokenizer.save(str(staged / "tokenizer.json"))
+        (staged / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+        _check_byte_bpe_output(output, overwrite)  # again: what appeared while training
+        publish_dir(staged, output, scratch)
     return output
+
+
+def _check_byte_bpe_output(output: Path, overwrite: bool) -> None:
+    """Refuse a byte-bpe ``--output`` other than nothing, an empty folder or an earlier
+    byte-bpe output (with ``overwrite``), in one line."""
+    check_not_inside_foreign(output)
+    check_replaceable_dir(output, overwrite, "byte-bpe tokenizer", _BYTE_BPE_FILES)
+
+
+def _check_sentencepiece_output(model_path: Path, vocab_path: Path, overwrite: bool) -> None:
+    """Refuse a SentencePiece pair that would replace anything but an earlier pair, or sit
+    beside a Hugging Face tokenizer (or in a checkpoint, run or corpus folder), in one line."""
+    folder = model_path.parent
+    if (folder / "tokenizer.json").exists():
+        raise UserError(f"{model_path}: not written: {folder} holds a Hugging Face "
+                        "tokenizer.json, which a SentencePiece model beside it would disagree "
+                        "with; choose another output folder")
+    for path in (model_path, vocab_path):
+        check_replaceable_file(path, overwrite, "SentencePiece", _SENTENCEPIECE_SIGNATURES)
 
 
 def _train_sentencepiece(
@@ -204,7 +244,7 @@ def _train_sentencepiece(
     vocab_path = output_prefix.with_name(output_prefix.name + ".vocab")
     if model_type not in ("bpe", "unigram"):
         raise UserError(f"--model-type {model_type}: expected 'bpe' or 'unigram'")
-    check_can_write([model_path, vocab_path], overwrite)
+    _check_sentencepiece_output(model_path, vocab_path, overwrite)
     sentences = _sample_sentences(inputs, keys, max_sentences, txt_per_line, skip_bad_lines,
                                   seed)
     output_prefix.parent.mkdir(parents=True, exist_ok=True)
@@ -226,8 +266,17 @@ def _train_sentencepiece(
             num_threads=num_threads or os.cpu_count() or 1,
             minloglevel=2,
         )
-        os.replace(f"{tmp_prefix}.vocab", vocab_path)
-        os.replace(f"{tmp_prefix}.model", model_path)
+        _check_sentencepiece_output(model_path, vocab_path, overwrite)  # again: see byte-bpe
+        if overwrite:
+            os.replace(f"{tmp_prefix}.vocab", vocab_path)
+            os.replace(f"{tmp_prefix}.model", model_path)
+        else:  # never over a file that appeared since the check: the pair, or neither
+            publish_new(f"{tmp_prefix}.vocab", vocab_path)
+            try:
+                publish_new(f"{tmp_prefix}.model", model_path)
+            except BaseException:
+                vocab_path.unlink(missing_ok=True)
+                raise
     except RuntimeError as err:
         too_few = _SENTENCEPIECE_TOO_FEW.search(str(err))
         if too_few:
