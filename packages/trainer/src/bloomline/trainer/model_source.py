@@ -25,7 +25,9 @@ from pathlib import Path
 
 from bloomline.common.errors import UserError
 from bloomline.trainer import checkpoint as ckpt
+from bloomline.trainer.checkpoint.manifest import small_file_problems
 from bloomline.trainer.hf import import_hf, read_model_config
+from bloomline.trainer.hf.load import check_model_size
 from bloomline.trainer.master_weights import master_weights_of
 from bloomline.trainer.model.config import ModelConfig
 
@@ -66,20 +68,26 @@ def _source_format(path: Path) -> str:
 def _source_model(path: Path, fmt: str, recipe: ModelConfig, config_cls: type) -> ModelConfig:
     """The model settings a source holds, on top of the recipe's compute fields."""
     if fmt == "hf":
-        return read_model_config(path, recipe)
+        model = read_model_config(path, recipe)
+        # before the run builds anything of that size: a config that its weight files
+        # cannot back, or a model this machine cannot load, is refused here in one line
+        check_model_size(path, model)
+        return model
     return ckpt.load_config_of(path, config_cls).model
 
 
 def _resume_candidate(cfg) -> Path | None:
-    """The checkpoint a resume would start from, found without reading it: the newest
-    complete one of the run (``auto``; an older one may be used if it is damaged, but all of a
-    run's checkpoints share the model settings), the folder given, or None."""
+    """The checkpoint a resume would start from, found without hashing its shards: the
+    newest complete one of the run whose manifest and small files agree (``auto``; an older
+    one may be used if a shard is damaged, but all of a run's checkpoints share the model
+    settings), the folder given, or None."""
     setting = cfg.checkpoint.resume
     if setting == "none":
         return None
     if setting == "auto":
-        found = ckpt.list_checkpoints(cfg.train.run_dir)
-        return found[-1] if found else None
+        # a damaged newest config must not settle the model: the resume falls back past it
+        return next((path for path in reversed(ckpt.list_checkpoints(cfg.train.run_dir))
+                     if not small_file_problems(path)), None)
     path = Path(setting)
     return path if (path / ckpt.CONFIG_FILE).is_file() else None
 

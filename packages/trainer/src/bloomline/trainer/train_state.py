@@ -13,9 +13,17 @@ defaults.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 
+from bloomline.common.errors import UserError
+from bloomline.trainer.survival.sample_skips import range_problems
+
 __all__ = ["TrainState"]
+
+# the counters of trainer_state.json: ints >= 0
+_COUNTERS = ("step", "consumed_samples", "consumed_tokens", "skipped_steps", "bad_in_row",
+             "rollbacks")
 
 
 @dataclass
@@ -47,9 +55,65 @@ class TrainState:
         return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)
                 if f.name not in self._UNSAVED}
 
-    def load_state_dict(self, state: dict) -> None:
+    @staticmethod
+    def problems(state) -> list[str]:
+        """Why ``state`` (a ``trainer_state.json``'s object) cannot be loaded, one line per
+        field (empty: it can): counters that are not ints >= 0, or that contradict each
+        other (more skipped steps than steps, samples without steps or fewer samples than
+        steps: every step reads at least one), skip ranges that are not ``[start, end]``
+        with ``0 <= start < end``, a loss scale or spike history that is not an object.
+        Keys it lacks take their defaults; a negative ``consumed_samples`` once trained at
+        positions -100..-68."""
+        if not isinstance(state, dict):
+            return [f"holds {type(state).__name__}, not a JSON object"]
+        problems = []
+        for name in _COUNTERS:
+            value = state.get(name, 0)
+            if not (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+                problems.append(f"{name} {value!r}: must be an int >= 0")
+        problems += range_problems(state.get("skip_samples", []), "skip_samples")
+        for name in ("loss_scale", "spike_history"):
+            if not isinstance(state.get(name, {}), dict):
+                problems.append(f"{name} {state[name]!r}: must be a JSON object")
+        for key, value in state.get("loss_scale", {}).items() if not problems else ():
+            if not _finite(value) or (key == "scale" and value <= 0):
+                problems.append(f"loss_scale.{key} {value!r}: must be a finite number"
+                                + (" > 0" if key == "scale" else ""))
+        for key in ("losses", "grad_norms") if not problems else ():
+            values = state.get("spike_history", {}).get(key, [])
+            if not (isinstance(values, list) and all(map(_finite, values))):
+                problems.append(f"spike_history.{key}: must be a list of finite numbers")
+        if problems:
+            return problems
+        # between the counters a state holds (an older or hand-made one may lack some)
+        step = state.get("step")
+        samples, tokens = state.get("consumed_samples"), state.get("consumed_tokens")
+        skipped, bad = state.get("skipped_steps"), state.get("bad_in_row")
+        if None not in (skipped, step) and skipped > step:
+            problems.append(f"skipped_steps {skipped}: more than step {step}")
+        if None not in (bad, skipped) and bad > skipped:
+            problems.append(f"bad_in_row {bad}: more than skipped_steps {skipped}")
+        if None not in (samples, step) and samples < step:
+            problems.append(f"consumed_samples {samples}: fewer than step {step} (every "
+                            "step reads at least one sample)")
+        if step == 0 and (samples or tokens):
+            problems.append(f"consumed_samples {samples}, consumed_tokens {tokens} at step 0 "
+                            "(nothing read yet)")
+        return problems
+
+    def load_state_dict(self, state: dict, where: str = "trainer_state.json") -> None:
         """Take a checkpoint's ``trainer_state.json`` (keys it lacks keep their defaults;
-        unknown keys are ignored)."""
+        unknown keys are ignored).
+
+        Raises:
+            UserError: A field of it is not what a save writes (``problems``); ``where``
+                names the file in the one line.
+        """
+        problems = TrainState.problems(state)
+        if problems:
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            raise UserError(f"{where}: {problems[0]}{more}; the checkpoint's trainer state "
+                            "is not one a run saved: resume from another checkpoint")
         fresh = TrainState()
         for f in dataclasses.fields(self):
             if f.name not in self._UNSAVED:
@@ -73,6 +137,11 @@ class TrainState:
     def count_good(self) -> None:
         """A step that was taken ends a streak of bad ones."""
         self.bad_in_row = 0
+
+
+def _finite(value) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value))
 
 
 def _plain(value):

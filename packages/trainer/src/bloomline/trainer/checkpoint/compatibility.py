@@ -15,17 +15,27 @@ from pathlib import Path
 from bloomline.common.config_loader import config_from_dict, resolve_paths
 from bloomline.common.errors import UserError
 from bloomline.trainer.checkpoint.layout import CONFIG_FILE
+from bloomline.trainer.checkpoint.manifest import refuse_damaged, small_file_problems
 
 __all__ = ["changed_settings", "check_compatible", "load_config_of"]
 
 
 def load_config_of(checkpoint: str | Path, config_cls):
-    """The resolved config a checkpoint was written with."""
+    """The resolved config a checkpoint was written with, read only once the checkpoint's
+    manifest, file sizes and small files agree (``small_file_problems``): every reader
+    (generate, export-hf, evaluate, resume, ``checkpoint.init_from``) builds its model from
+    this config, and an edited one would be allocated before the full verification (in
+    ``load_checkpoint``) could refuse it.
+
+    Raises:
+        UserError: No ``config.toml``, or the checkpoint is damaged (its first problem).
+    """
     import tomllib
 
     path = Path(checkpoint) / CONFIG_FILE
     if not path.is_file():
         raise UserError(f"{checkpoint}: not a bloomline checkpoint (no {CONFIG_FILE})")
+    refuse_damaged(checkpoint, small_file_problems(checkpoint))
     return config_from_dict(config_cls, tomllib.loads(path.read_text()), str(path))
 
 

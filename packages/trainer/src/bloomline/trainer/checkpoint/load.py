@@ -11,18 +11,22 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import torch
+
 from bloomline.common.errors import UserError
+from bloomline.common.file_kinds import open_regular
 from bloomline.trainer.checkpoint.dcp_state import (
     dcp_quiet,
     model_state_target,
     saved_state_dict,
     state_dict_options,
 )
-from bloomline.trainer.checkpoint.layout import RNG_FILE, STATE_FILE
-from bloomline.trainer.checkpoint.manifest import verify_checkpoint
-from bloomline.trainer.checkpoint.metadata import dcp_load
-from bloomline.trainer.checkpoint.rng_state import set_rng_state
+from bloomline.trainer.checkpoint.layout import CONFIG_FILE, RNG_FILE, STATE_FILE
+from bloomline.trainer.checkpoint.manifest import refuse_damaged, verify_checkpoint
+from bloomline.trainer.checkpoint.metadata import dcp_load, read_metadata
+from bloomline.trainer.checkpoint.rng_state import rng_problems, set_rng_state
 from bloomline.trainer.master_weights import master_weights_of
+from bloomline.trainer.train_state import TrainState
 
 __all__ = ["load_checkpoint"]
 
@@ -48,19 +52,19 @@ def load_checkpoint(checkpoint: str | Path, model, optimizer=None, verified: boo
 
     checkpoint = Path(checkpoint)
     if not verified:
-        problems = verify_checkpoint(checkpoint, group)
-        if problems:
-            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-            raise UserError(f"{checkpoint}: damaged or incomplete checkpoint: {problems[0]}"
-                            f"{more}; run `trainer verify-checkpoint {checkpoint}`")
+        refuse_damaged(checkpoint, verify_checkpoint(checkpoint, group))
+    # the small files first, checked as the manifest's verification checks them (a caller
+    # may have verified another copy), before any tensor is read
+    trainer_state = _read_checked(checkpoint / STATE_FILE, TrainState.problems)
+    rng = _read_checked(checkpoint / RNG_FILE, rng_problems) if optimizer is not None else None
     engine = master_weights_of(model)  # the buffers engine loads into its masters
     if optimizer is None:
         state = {"model": model_state_target(model)}
     else:
         state = saved_state_dict(model, optimizer)
+    _check_shapes(state, checkpoint)
     with dcp_quiet():  # DCP's pickles read with DCP's classes only (metadata.py)
         dcp_load(state, checkpoint)
-    trainer_state = json.loads((checkpoint / STATE_FILE).read_text())
     if engine is not None:
         # the masters were loaded in place; the parameters are their compute-dtype copies
         if optimizer is not None:
@@ -72,7 +76,42 @@ def load_checkpoint(checkpoint: str | Path, model, optimizer=None, verified: boo
     else:
         set_state_dict(model, optimizer, model_state_dict=state["model"],
                        optim_state_dict=state["optim"], options=state_dict_options())
-    if optimizer is None:
-        return trainer_state
-    set_rng_state(json.loads((checkpoint / RNG_FILE).read_text()))
+    if rng is not None:
+        set_rng_state(rng)
     return trainer_state
+
+
+def _read_checked(path: Path, problems_of) -> dict:
+    """A small JSON file of the checkpoint, refused in one line (the file and its first
+    problem) when it does not parse or ``problems_of`` finds a field it cannot load."""
+    try:
+        with open_regular(path, "checkpoint file") as fh:
+            value = json.loads(fh.read())
+    except (ValueError, UnicodeDecodeError, OSError) as err:
+        raise UserError(f"{path}: does not parse ({err}); resume from another "
+                        "checkpoint") from None
+    problems = problems_of(value)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise UserError(f"{path}: {problems[0]}{more}; not what a save writes: use another "
+                        "checkpoint")
+    return value
+
+
+def _check_shapes(state: dict, checkpoint: Path) -> None:
+    """Every tensor to load has the shape the checkpoint's metadata gives it, else a one-line
+    ``UserError`` naming the tensor and both shapes (DCP fails with a multi-rank traceback,
+    after allocating what the metadata claims)."""
+    from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    saved = read_metadata(checkpoint).state_dict_metadata
+    flat, _ = flatten_state_dict(state)
+    for fqn, value in flat.items():
+        item = saved.get(fqn)
+        if isinstance(value, torch.Tensor) and isinstance(item, TensorStorageMetadata) \
+                and tuple(item.size) != tuple(value.shape):
+            raise UserError(f"{checkpoint}: tensor {fqn} has shape {list(item.size)} in the "
+                            f"checkpoint, the model built from the config expects "
+                            f"{list(value.shape)}; the checkpoint's tensors and its "
+                            f"{CONFIG_FILE} disagree: it was not written by a bloomline save")

@@ -27,10 +27,13 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from bloomline.common.errors import UserError
 from bloomline.trainer.checkpoint import metadata
+from bloomline.trainer.checkpoint.rng_state import rng_problems
+from bloomline.trainer.train_state import TrainState
 
-__all__ = ["MANIFEST", "MANIFEST_VERSION", "verify_checkpoint", "write_manifest",
-           "describe_checkpoint", "fsync_dir"]
+__all__ = ["MANIFEST", "MANIFEST_VERSION", "describe_checkpoint", "fsync_dir",
+           "refuse_damaged", "small_file_problems", "verify_checkpoint", "write_manifest"]
 
 MANIFEST = "manifest.json"
 MANIFEST_VERSION = 1
@@ -168,6 +171,16 @@ _PARSERS: dict[str, Callable[[bytes], object]] = {
 }
 
 
+def _nothing(value: object) -> list[str]:
+    return []
+
+
+_SCHEMAS: dict[str, Callable[[dict], list[str]]] = {
+    "trainer_state.json": TrainState.problems,
+    "rng.json": rng_problems,
+}
+
+
 def _cheap_problems(folder: Path, manifest: dict) -> list[str]:
     """Everything but the checksums: files listed / present / of the listed size / parsing."""
     problems = []
@@ -195,7 +208,43 @@ def _cheap_problems(folder: Path, manifest: dict) -> list[str]:
             if name == "trainer_state.json" and value.get("step") != manifest.get("step"):
                 problems.append(f"{name}: step {value.get('step')!r}, the manifest says "
                                 f"{manifest.get('step')!r}")
+            # what a load takes from them, checked as the load checks it (types, ranges)
+            problems += [f"{name}: {problem}" for problem in _SCHEMAS.get(name, _nothing)(value)]
     return problems
+
+
+def small_file_problems(path: str | Path) -> list[str]:
+    """The checks of ``verify_checkpoint`` that cost no hashing of the shards: the manifest,
+    every file present and of its listed size, and the small files (``config.toml``,
+    ``trainer_state.json``, ``rng.json``) hashed against it and checked as a load reads them.
+    Not collective. What a reader runs before it builds anything from ``config.toml``: an
+    edited config (a model of 33 GB) must be refused before it is allocated."""
+    folder = Path(path)
+    if not folder.is_dir():
+        return [f"{folder}: not a folder"]
+    manifest, problem = _read_manifest(folder)
+    if problem:
+        return [problem]
+    problems = _cheap_problems(folder, manifest)
+    if problems:
+        return problems
+    for name in _PARSERS:
+        if name in manifest["files"]:
+            _, sha = _hash_file(folder / name, sync=False)
+            if sha != manifest["files"][name]["sha256"]:
+                problems.append(f"{name}: sha256 differs from the manifest's (content changed "
+                                "after saving)")
+    return problems
+
+
+def refuse_damaged(checkpoint: str | Path, problems: list[str]) -> None:
+    """Raise the one-line ``UserError`` for a checkpoint that does not verify (its first
+    problem, how many more, and the command that lists them); nothing when ``problems`` is
+    empty."""
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise UserError(f"{checkpoint}: damaged or incomplete checkpoint: {problems[0]}{more}; "
+                        f"run `trainer verify-checkpoint {checkpoint}`")
 
 
 def verify_checkpoint(path: str | Path, group=None) -> list[str]:
@@ -251,7 +300,8 @@ def verify_checkpoint(path: str | Path, group=None) -> list[str]:
     if not problems:
         # the files are the ones the manifest lists: only now are DCP's pickles read, as a
         # load reads them (metadata.py: DCP's classes only, else refused)
-        problems += metadata.check_pickles(folder, set(listed))
+        problems += metadata.check_pickles(
+            folder, {name: entry["size"] for name, entry in listed.items()})
     return problems
 
 

@@ -17,8 +17,10 @@ manifest proves only that the files are the ones it lists, not who wrote them.
 from __future__ import annotations
 
 import io
+import math
 import pickle
 import re
+import zipfile
 from pathlib import Path
 from typing import IO, Any
 
@@ -33,6 +35,7 @@ from torch.distributed.checkpoint.metadata import (
     Metadata,
     MetadataIndex,
     StorageMeta,
+    TensorStorageMetadata,
 )
 
 from bloomline.common.errors import UserError
@@ -142,11 +145,122 @@ def load_value(data: bytes, where: str, fqn: str) -> Any:
         raise ValueError(f"{fqn}: does not load ({type(err).__name__}: {err})") from None
 
 
-def check_pickles(folder: str | Path, files: set[str]) -> list[str]:
-    """Unpickle a checkpoint's ``.metadata`` and every non-tensor value it indexes the way a
-    load does; return the problems (empty: good), one line each naming the file.
+def _ints(values: Any) -> bool:
+    """A sequence of ints >= 0 (not bools: ``True`` is an int to Python, no size)."""
+    return isinstance(values, (tuple, list)) and all(
+        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values)
 
-    ``files``: the checkpoint's files (the manifest's); the metadata may point only at them.
+
+class _Window(io.RawIOBase):
+    """The bytes ``[start, start + length)`` of an open file as a seekable file of their own:
+    one storage entry, which ``zipfile`` reads as torch.load would."""
+
+    def __init__(self, fh: IO[bytes], start: int, length: int) -> None:
+        super().__init__()
+        self.fh, self.start, self.length, self.pos = fh, start, length, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        base = (0, self.pos, self.length)[whence]
+        self.pos = min(max(base + offset, 0), self.length)
+        return self.pos
+
+    def readinto(self, buffer) -> int:
+        self.fh.seek(self.start + self.pos)
+        data = self.fh.read(min(len(buffer), self.length - self.pos))
+        buffer[:len(data)] = data
+        self.pos += len(data)
+        return len(data)
+
+
+def _tensor_entry_problem(fh: IO[bytes], info, nbytes: int) -> str | None:
+    """Why a tensor's storage entry is not what DCP writes for ``nbytes`` of data, or None.
+
+    DCP writes each tensor chunk with ``torch.save`` (a zip file) whose storage holds exactly
+    the chunk's bytes (it clones a view of a larger storage first); torch.load also inflates
+    deflated members, so a few KB of zip could claim GBs: every member must be stored
+    uncompressed, and the storages must add up to the chunk's bytes."""
+    if info.length < nbytes:
+        return f"{info.length} bytes for a chunk of {nbytes} bytes"
+    try:
+        members = zipfile.ZipFile(_Window(fh, info.offset, info.length)).infolist()
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as err:
+        return f"not a torch.save archive ({err})"
+    if any(m.compress_type != zipfile.ZIP_STORED or m.compress_size != m.file_size
+           for m in members):
+        return "a compressed member (DCP stores tensors uncompressed)"
+    if sum(m.file_size for m in members) > info.length:
+        return "members larger than the entry"
+    stored = sum(m.file_size for m in members if "/data/" in m.filename
+                 and not m.filename.rsplit("/", 1)[-1].startswith("."))
+    if stored != nbytes:
+        return f"{stored} bytes of storage for a chunk of {nbytes} bytes"
+    return None
+
+
+def _storage_problems(metadata: Metadata, sizes: dict[str, int]) -> list[str]:
+    """The index's entries against the files (``sizes``: the manifest's) and the tensors:
+    each entry an ``[offset, offset + length)`` inside its file, untransformed (bloomline
+    writes no DCP extension; a zstd one inflates whatever size its frame claims), and each
+    tensor chunk within its tensor with an entry of its own."""
+    problems = []
+    storage, items = metadata.storage_data, metadata.state_dict_metadata
+    for key, info in storage.items():
+        fqn = getattr(key, "fqn", key)
+        if getattr(info, "transform_descriptors", None):
+            problems.append(f"{METADATA_FILE}: {fqn}: stored through transforms "
+                            f"{info.transform_descriptors!r} (bloomline writes none); "
+                            f"{_TAMPERED}")
+        elif not _ints([info.offset, info.length]):
+            problems.append(f"{METADATA_FILE}: {fqn}: offset {info.offset!r}, length "
+                            f"{info.length!r} are not byte counts")
+        elif info.offset + info.length > sizes[info.relative_path]:
+            problems.append(f"{METADATA_FILE}: {fqn}: bytes [{info.offset}, "
+                            f"{info.offset + info.length}) of {info.relative_path}, which has "
+                            f"{sizes[info.relative_path]}")
+        elif (not isinstance(key, MetadataIndex) or fqn not in items
+              or not (key.offset is None or _ints(key.offset))):
+            problems.append(f"{METADATA_FILE}: {fqn}: a storage entry of no tensor or value")
+    for fqn, item in items.items():
+        if isinstance(item, BytesStorageMetadata):
+            continue
+        if (not isinstance(item, TensorStorageMetadata) or not _ints(item.size)
+                or not isinstance(getattr(item.properties, "dtype", None), torch.dtype)
+                or not isinstance(item.chunks, list)):
+            problems.append(f"{METADATA_FILE}: {fqn}: not a tensor's metadata")
+            continue
+        for chunk in item.chunks:
+            if not (_ints(chunk.offsets) and _ints(chunk.sizes)
+                    and len(chunk.offsets) == len(chunk.sizes) == len(item.size)
+                    and all(o + n <= d for o, n, d in zip(chunk.offsets, chunk.sizes,
+                                                          item.size, strict=True))):
+                problems.append(f"{METADATA_FILE}: {fqn}: a chunk at {chunk.offsets!r} of "
+                                f"{chunk.sizes!r} outside its size {tuple(item.size)}")
+    return problems
+
+
+def _chunk_entries(storage: dict) -> dict[tuple[str, tuple], Any]:
+    """{(fqn, chunk offsets): storage entry} of the tensor chunks (DCP finds a chunk's entry
+    by its offsets)."""
+    return {(key.fqn, tuple(key.offset)): info for key, info in storage.items()
+            if key.offset is not None}
+
+
+def check_pickles(folder: str | Path, sizes: dict[str, int]) -> list[str]:
+    """Unpickle a checkpoint's ``.metadata`` and every non-tensor value it indexes the way a
+    load does, and check every storage entry against its file and its tensor; return the
+    problems (empty: good), one line each naming the file.
+
+    ``sizes``: the checkpoint's files and their sizes (the manifest's); the metadata may point
+    only inside them.
 
     Raises:
         TamperedCheckpointError: A pickle names a global a load refuses.
@@ -164,20 +278,38 @@ def check_pickles(folder: str | Path, files: set[str]) -> list[str]:
     if not all(isinstance(path, str) for path in paths):
         return [f"{METADATA_FILE}: not DCP metadata (an index entry names no file)"]
     problems = sorted(f"{METADATA_FILE}: indexes {path!r}, not a file of the checkpoint"
-                      for path in set(paths) - files)
+                      for path in set(paths) - sizes.keys())
     if problems:
         return problems
-    values = [(fqn, storage.get(MetadataIndex(fqn))) for fqn, item in items.items()
-              if isinstance(item, BytesStorageMetadata)]
+    problems = _storage_problems(metadata, sizes)
+    if problems:
+        return problems
+    chunks = _chunk_entries(storage)
     by_file: dict[str, list] = {}
-    for fqn, info in values:
-        if info is None:
-            problems.append(f"{METADATA_FILE}: {fqn}: no storage entry")
-        else:
-            by_file.setdefault(info.relative_path, []).append((fqn, info))
+    for fqn, item in items.items():
+        if isinstance(item, BytesStorageMetadata):
+            info = storage.get(MetadataIndex(fqn))
+            if info is None:
+                problems.append(f"{METADATA_FILE}: {fqn}: no storage entry")
+            else:
+                by_file.setdefault(info.relative_path, []).append((fqn, info, None))
+            continue
+        for chunk in item.chunks:
+            info = chunks.get((fqn, tuple(chunk.offsets)))
+            if info is None:
+                problems.append(f"{METADATA_FILE}: {fqn}: no storage entry for its chunk at "
+                                f"{tuple(chunk.offsets)}")
+                continue
+            nbytes = math.prod(chunk.sizes) * item.properties.dtype.itemsize
+            by_file.setdefault(info.relative_path, []).append((fqn, info, nbytes))
     for name, entries in sorted(by_file.items()):
         with open(folder / name, "rb") as fh:
-            for fqn, info in entries:
+            for fqn, info, nbytes in entries:
+                if nbytes is not None:
+                    why = _tensor_entry_problem(fh, info, nbytes)
+                    if why is not None:
+                        problems.append(f"{name}: {fqn}: {why}; {_TAMPERED}")
+                    continue
                 try:
                     fh.seek(info.offset)
                     load_value(fh.read(info.length), str(folder / name), fqn)
@@ -241,7 +373,7 @@ def dcp_load(state_dict: dict, checkpoint: str | Path, process_group=None) -> No
 
     Raises:
         UserError: A pickle of the checkpoint is refused or damaged (the first such, with its
-            line, rather than DCP's multi-rank report).
+            line, rather than DCP's multi-rank report), or DCP fails to read it otherwise.
     """
     reader = CheckpointReader(checkpoint)
     try:
@@ -254,4 +386,10 @@ def dcp_load(state_dict: dict, checkpoint: str | Path, process_group=None) -> No
                 raise exc from None
         if reader.refusal is not None:
             raise reader.refusal from None
-        raise
+        # a checkpoint the checks above admit but DCP cannot read (a torch.save archive whose
+        # pickle disagrees with the index): its first failure, in one line
+        first = next(iter(err.failures.values()), err)
+        exc = first[0] if isinstance(first, tuple) else first
+        text = (str(exc).strip().splitlines() or [""])[0][:300]
+        raise UserError(f"{checkpoint}: DCP cannot load it ({type(exc).__name__}: {text}); "
+                        f"run `trainer verify-checkpoint {checkpoint}`") from None

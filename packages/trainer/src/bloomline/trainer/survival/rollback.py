@@ -16,13 +16,15 @@ checkpoint stores them in its trainer state, or the resumed run would meet the s
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from bloomline.common.atomic import atomic_write_bytes
 from bloomline.common.errors import UserError
+from bloomline.common.file_kinds import open_regular
 from bloomline.trainer import checkpoint as ckpt
 from bloomline.trainer.curriculum import global_batch_size
-from bloomline.trainer.survival.sample_skips import SkipRanges
+from bloomline.trainer.survival.sample_skips import SkipRanges, range_problems
 from bloomline.trainer.survival.spikes import SpikeFinding
 
 __all__ = ["ROLLBACKS_FILE", "Rollback", "append_rollback", "read_rollbacks", "skip_range",
@@ -50,11 +52,36 @@ def skip_range(cfg, checkpoint_step: int, checkpoint_position: int, spike_step: 
 
 
 def read_rollbacks(run_dir: str | Path) -> dict:
-    """``{"skip_samples": [[start, end], ...], "events": [...]}`` of the run so far."""
+    """``{"skip_samples": [[start, end], ...], "events": [...]}`` of the run so far.
+
+    Raises:
+        UserError: The file is not a regular file, does not parse, or a field is not what
+            ``append_rollback`` writes (skip ranges ``[start, end]`` with
+            ``0 <= start < end``, events a list of objects): one line naming the entry.
+    """
     path = Path(run_dir) / ROLLBACKS_FILE
-    if not path.is_file():
+    if not os.path.lexists(path):
         return {"skip_samples": [], "events": []}
-    return json.loads(path.read_text())
+    fix = ("fix the entry or remove the file (the checkpoints keep the skips they were "
+           "saved with)")
+    try:
+        with open_regular(path, "rollback record") as fh:
+            record = json.loads(fh.read())
+    except (ValueError, UnicodeDecodeError) as err:
+        raise UserError(f"{path}: does not parse ({err}); {fix}") from None
+    except OSError as err:
+        raise UserError(f"{path}: cannot be read ({err.strerror or err})") from None
+    if not isinstance(record, dict):
+        raise UserError(f"{path}: holds {json.dumps(record)[:40]}, not an object with "
+                        f"skip_samples and events; {fix}")
+    problems = range_problems(record.get("skip_samples"), "skip_samples")
+    events = record.get("events")
+    if not (isinstance(events, list) and all(isinstance(e, dict) for e in events)):
+        problems.append(f"events: {json.dumps(events)[:40]} is not a list of objects")
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise UserError(f"{path}: {problems[0]}{more}; {fix}")
+    return record
 
 
 def append_rollback(run_dir: str | Path, event: dict, skips: SkipRanges) -> None:
