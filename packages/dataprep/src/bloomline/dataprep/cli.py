@@ -9,6 +9,7 @@ import sys
 import typer
 
 from bloomline.common.errors import UserError, exit_on_user_error
+from bloomline.common.output_lock import output_lock, output_locks
 from bloomline.dataprep.build_index import (
     IndexRequest,
     build_sample_datasets,
@@ -19,7 +20,7 @@ from bloomline.dataprep.demo_corpus import write_demo_corpus
 from bloomline.dataprep.formats import SUPPORTED_SUFFIXES
 from bloomline.dataprep.indexed_dataset import IndexedDataset, merge_indexed_datasets
 from bloomline.dataprep.sharding import check_shard_parts, format_merge_summary, parse_shard
-from bloomline.dataprep.tokenize_corpus import output_prefix, tokenize_corpus
+from bloomline.dataprep.tokenize_corpus import output_prefix, output_prefixes, tokenize_corpus
 from bloomline.dataprep.tokenizer import TOKENIZER_SPEC_HELP
 from bloomline.dataprep.tokenizer import train_tokenizer as train
 
@@ -113,13 +114,16 @@ def tokenize(
         "sees."),
 ) -> None:
     """Tokenize corpora into Megatron-compatible NAME.bin/NAME.idx."""
-    summary = tokenize_corpus(
-        inputs, tokenizer, _output_prefix(output), keys=json_key, workers=workers,
-        append_eod=append_eod, overwrite=overwrite, skip_bad_lines=skip_bad_lines,
-        txt_per_line=txt_per_line,
-        max_chunk_bytes=max(1, int(chunk_mb * (1 << 20))), show_progress=not quiet,
-        eod_token=eod_token, shard=parse_shard(shard) if shard is not None else None,
-        ray_address=ray, max_document_bytes=max(1, int(max_document_mb * (1 << 20))))
+    output = _output_prefix(output)
+    # one writer per output for the whole run: the token files, then their records
+    with output_locks(output_prefixes(output, json_key).values()):
+        summary = tokenize_corpus(
+            inputs, tokenizer, output, keys=json_key, workers=workers,
+            append_eod=append_eod, overwrite=overwrite, skip_bad_lines=skip_bad_lines,
+            txt_per_line=txt_per_line,
+            max_chunk_bytes=max(1, int(chunk_mb * (1 << 20))), show_progress=not quiet,
+            eod_token=eod_token, shard=parse_shard(shard) if shard is not None else None,
+            ray_address=ray, max_document_bytes=max(1, int(max_document_mb * (1 << 20))))
     for message in summary.skipped_messages:
         typer.echo(f"skipped: {message}", err=True)
     typer.echo(summary.format())
@@ -137,7 +141,8 @@ def merge(
     # checked before anything is written: parts of one job, each once, in shard order
     counts = [IndexedDataset(prefix).num_documents for prefix in prefixes]
     parts = check_shard_parts(prefixes, counts)
-    merged = merge_indexed_datasets(prefixes, output, overwrite=overwrite)
+    with output_lock(output):  # one writer of the output: the pair, then its fingerprint
+        merged = merge_indexed_datasets(prefixes, output, overwrite=overwrite)
     typer.echo(f"wrote {output}.bin/.idx: {merged.num_documents:,} documents, "
                f"{merged.num_tokens:,} tokens")
     if parts:
