@@ -17,8 +17,9 @@ import io
 import math
 from pathlib import Path
 
-from bloomline.common.atomic import atomic_write_bytes
+from bloomline.common.atomic import atomic_write_bytes, check_not_inside_foreign
 from bloomline.common.errors import UserError
+from bloomline.common.output_lock import output_lock
 from bloomline.trainer.reporting.records import latest_per_step, read_records
 
 __all__ = ["INSTALL_HINT", "PLOT_FILE", "plot_run", "plot_series", "require_matplotlib"]
@@ -88,9 +89,13 @@ def plot_series(records: list[dict]) -> dict:
 
 def _check_output(out: Path, default: Path, overwrite: bool) -> None:
     """The output rule: a ``.png`` path; the run's own ``RUN/plot.png`` is redrawn each time,
-    another existing file only with ``overwrite`` and only when it is a PNG."""
+    another existing file only with ``overwrite`` and only when it is a PNG; and no other
+    file goes into a checkpoint, a run folder or a corpus folder (a checkpoint with a file
+    its manifest does not list fails verification)."""
     if out.suffix.lower() != ".png":
         raise UserError(f"--output {out}: must end in .png (the plot is a PNG)")
+    if out.resolve() != default.resolve():
+        check_not_inside_foreign(out)
     if not out.exists() and not out.is_symlink():
         return
     if out.is_dir() or out.is_symlink():
@@ -122,7 +127,13 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None,
     records = read_records(run_dir)
     default = run_dir / PLOT_FILE
     out = default if out is None else Path(out)
-    _check_output(out, default, overwrite)
+    with output_lock(out):  # one writer of the image; checked again under the lock
+        _check_output(out, default, overwrite)
+        return _plot_into(figure_class, run_dir, records, out, default, overwrite)
+
+
+def _plot_into(figure_class: type, run_dir: Path, records, out: Path, default: Path,
+               overwrite: bool) -> dict:
     series = plot_series(records)
     steps = series["loss"]["train"][0]
     if not steps:
@@ -134,7 +145,8 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None,
     _draw(figure, series, run_dir)
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=DPI)
-    atomic_write_bytes(out, buffer.getvalue())
+    atomic_write_bytes(out, buffer.getvalue(),
+                       overwrite=overwrite or out.resolve() == default.resolve())
     valid = series["loss"].get("valid", ([], []))[0]
     return {"out": str(out), "train_records": len(steps), "first_step": steps[0],
             "last_step": steps[-1], "valid_records": len(valid),
