@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from bloomline.common.errors import UserError
+from bloomline.common.file_kinds import open_regular
 
 __all__ = ["Range", "check_ranges", "config_from_dict", "config_to_dict", "describe_keys", "freeze",
            "thawed_copy",
@@ -459,9 +460,13 @@ def load_config(cls: type[C], path: str | Path | None = None,
     if path is not None:
         path = Path(path)
         try:
-            table = tomllib.loads(path.read_text())
-        except FileNotFoundError:
-            raise UserError(f"{path}: config file not found") from None
+            with open_regular(path, "config file") as fh:  # a FIFO would block the read
+                data = fh.read()
+            table = tomllib.loads(data.decode("utf-8"))
+        except UnicodeDecodeError as err:
+            line = data[:err.start].count(b"\n") + 1
+            raise UserError(f"{path}:{line}: not UTF-8 text (byte {data[err.start]:#04x}); "
+                            "TOML files are UTF-8: re-save it as UTF-8") from None
         except tomllib.TOMLDecodeError as err:
             raise UserError(f"{path}: invalid TOML: {err}") from None
         _merge(config, _apply_renames(table, cls, str(path)), cls, str(path))
