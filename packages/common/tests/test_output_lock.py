@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -93,3 +94,33 @@ def test_lock_of_a_killed_writer_is_released(tmp_path):
     with output_lock(prefix):
         pass
     assert not lock_path(prefix).exists()
+
+
+def test_waiting_lock_serialises_threads_of_one_process(tmp_path):
+    """Bug: the index cache's build lock not excluding a second builder in the same process
+    (another thread), or a waiting builder taking a sidecar its holder had just removed
+    (both would then build and publish the same entry)."""
+    entry, order = tmp_path / "cache" / "gpt-train-abc", []
+    sidecar = tmp_path / "cache" / ".locks" / "gpt-train-abc.lock"
+    first_in = threading.Event()
+
+    def second():
+        first_in.wait()
+        with output_lock(entry, wait=True, sidecar=sidecar):
+            order.append("second")
+
+    thread = threading.Thread(target=second)
+    thread.start()
+    with output_lock(entry, wait=True, sidecar=sidecar):
+        first_in.set()
+        # the second thread is blocked on the lock now or will be: it cannot get in before
+        # this block ends, whatever the scheduling
+        with pytest.raises(BlockingIOError):
+            fd = os.open(sidecar, os.O_RDWR)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            finally:
+                os.close(fd)
+        order.append("first")
+    thread.join(timeout=30)
+    assert order == ["first", "second"] and not sidecar.exists()

@@ -14,7 +14,7 @@ removes it while still holding the lock, and whoever locks a file checks afterwa
 path still names that file (else it locks again): two processes never hold two different
 files of the same name.
 
-Nested holds in one process are one hold: a command holds its outputs' locks for its whole
+Nested holds in one thread are one hold: a command holds its outputs' locks for its whole
 run (token files, then the records beside them), and the writer of the token files takes the
 same lock for its own life, which must not refuse its own process.
 
@@ -28,6 +28,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -37,8 +38,9 @@ __all__ = ["OutputLock", "lock_path", "output_lock", "output_locks"]
 
 # filesystems where flock is not supported: run unlocked there (nothing to protect with)
 _UNSUPPORTED = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL}
-# sidecar -> [descriptor or None (unsupported), holds]: the locks this process holds
-_HELD: dict[Path, list] = {}
+# (sidecar, thread) -> [descriptor or None (unsupported), holds]: the locks this process
+# holds; another thread of the process is another writer (its own descriptor: refused/waits)
+_HELD: dict[tuple[Path, int], list] = {}
 
 
 def lock_path(output: str | os.PathLike) -> Path:
@@ -55,18 +57,17 @@ def _holder(path: Path) -> str:
     return "another process"
 
 
-def _acquire(output: str | os.PathLike) -> tuple[int, Path] | None:
+def _acquire(output: str | os.PathLike, path: Path, wait: bool) -> tuple[int, Path] | None:
     """(descriptor, sidecar) holding the lock of ``output``; None where flock is unsupported.
 
     Raises:
-        UserError: another live process holds it.
+        UserError: another live process holds it (not ``wait``).
     """
-    path = lock_path(output)
     path.parent.mkdir(parents=True, exist_ok=True)
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
             raise UserError(f"{_holder(path)} is writing {output}; wait for it to finish "
@@ -90,19 +91,21 @@ def _acquire(output: str | os.PathLike) -> tuple[int, Path] | None:
 
 class OutputLock:
     """A hold of the lock of ``output`` (a prefix ``corpus/NAME``, a file or a folder), taken
-    at once or refused; :meth:`release` (idempotent) ends it, the last hold of this process
-    unlocks and removes the sidecar.
+    at once or refused (or, with ``wait``, when the holder is done); :meth:`release`
+    (idempotent) ends it, the last hold of this thread unlocks and removes the sidecar.
 
     Raises:
         UserError: "another process (pid N) is writing OUTPUT; wait for it ...".
     """
 
-    def __init__(self, output: str | os.PathLike) -> None:
-        self.path = lock_path(output)
-        held = _HELD.get(self.path)
+    def __init__(self, output: str | os.PathLike, wait: bool = False,
+                 sidecar: str | os.PathLike | None = None) -> None:
+        self.path = lock_path(output) if sidecar is None else Path(os.path.abspath(sidecar))
+        self._key = (self.path, threading.get_ident())
+        held = _HELD.get(self._key)
         if held is None:
-            acquired = _acquire(output)
-            held = _HELD[self.path] = [acquired[0] if acquired else None, 0]
+            acquired = _acquire(output, self.path, wait)
+            held = _HELD[self._key] = [acquired[0] if acquired else None, 0]
         held[1] += 1
         self._released = False
 
@@ -110,11 +113,11 @@ class OutputLock:
         if self._released:
             return
         self._released = True
-        held = _HELD[self.path]
+        held = _HELD[self._key]
         held[1] -= 1
         if held[1]:
             return
-        del _HELD[self.path]
+        del _HELD[self._key]
         if held[0] is None:
             return
         try:
@@ -125,9 +128,15 @@ class OutputLock:
 
 
 @contextlib.contextmanager
-def output_lock(output: str | os.PathLike) -> Iterator[None]:
-    """Hold the lock of ``output`` for the block (see :class:`OutputLock`)."""
-    lock = OutputLock(output)
+def output_lock(output: str | os.PathLike, wait: bool = False,
+                sidecar: str | os.PathLike | None = None) -> Iterator[None]:
+    """Hold the lock of ``output`` for the block (see :class:`OutputLock`).
+
+    ``wait``: block until the holder is done instead of refusing, for outputs that every
+    process builds identically and then reads (the index cache: one builds, the others wait
+    and reuse it). ``sidecar``: the lock file, where not ``DIR/.NAME.lock``.
+    """
+    lock = OutputLock(output, wait, sidecar)
     try:
         yield
     finally:
