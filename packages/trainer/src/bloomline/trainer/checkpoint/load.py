@@ -106,7 +106,8 @@ def _check_shapes(state: dict, checkpoint: Path) -> None:
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     saved = read_metadata(checkpoint).state_dict_metadata
-    flat, _ = flatten_state_dict(state)
+    # the model's tensors (global shapes in every layout); the optimizer's follow them
+    flat, _ = flatten_state_dict({"model": state["model"]})
     for fqn, value in flat.items():
         item = saved.get(fqn)
         if isinstance(value, torch.Tensor) and isinstance(item, TensorStorageMetadata) \
