@@ -17,6 +17,13 @@ If it is missing or invalid, the reader takes an exclusive ``flock`` on
 the arrays in a hidden scratch folder and renames the whole folder into place (atomic); the
 others wait on the lock, then find the finished entry and memory-map it. A node without a
 shared filesystem builds its own copy, identical because the build is deterministic.
+
+Hostile state: every file of an entry is checked to be a regular file before it is opened (a
+FIFO would block ``open`` forever, beyond the reach of SIGINT and SIGTERM); an entry holding
+something else is refused in one line, never deleted, as it is not something the cache wrote.
+A symlinked entry that must be rebuilt loses the link, never the content it points to. A write
+that fails (a full disk) names the file and removes the scratch folder, so nothing partial is
+left under the entry's name.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
@@ -37,6 +45,7 @@ from pathlib import Path
 import numpy as np
 
 from bloomline.common.errors import UserError
+from bloomline.common.file_kinds import describe_kind, open_regular
 
 __all__ = ["CacheEntry", "Check", "cached_arrays", "entry_key", "file_identity", "read_entry"]
 
@@ -50,7 +59,7 @@ def file_identity(path: str | os.PathLike) -> str:
     one changes it, whatever the timestamps say. Index files are small (12 bytes per
     sequence), so hashing one takes milliseconds per million documents."""
     digest = hashlib.blake2b(digest_size=16)
-    with open(path, "rb") as fh:
+    with open_regular(path, "token index") as fh:
         while chunk := fh.read(1 << 22):
             digest.update(chunk)
     return digest.hexdigest()
@@ -138,7 +147,8 @@ def read_entry(path: str | os.PathLike, check_for: Callable[[dict], Check | None
     """
     path = Path(path)
     try:
-        with open(path / _DESCRIPTION) as fh:
+        _present(path / _DESCRIPTION, "description")
+        with open_regular(path / _DESCRIPTION, "index cache description", "r") as fh:
             description = json.load(fh)["description"]
     except (OSError, ValueError, KeyError, TypeError) as error:
         return None, None, f"{_DESCRIPTION}: missing or unreadable ({error})"
@@ -151,12 +161,23 @@ def read_entry(path: str | os.PathLike, check_for: Callable[[dict], Check | None
 def _load(path: Path, description: dict, check: Check | None = None
           ) -> tuple[CacheEntry | None, str | None]:
     """(entry, None) when valid; (None, reason) when present but invalid; (None, None) when
-    absent. A reason starts with the file inside the entry that is at fault."""
+    absent. A reason starts with the file inside the entry that is at fault.
+
+    Raises:
+        UserError: a file of the entry that is not a regular file (a FIFO, a device).
+    """
     try:
-        with open(path / _DESCRIPTION) as fh:
-            stored = json.load(fh)
+        mode = os.stat(path).st_mode
     except FileNotFoundError:
-        return None, None if not path.exists() else f"{_DESCRIPTION}: missing"
+        mode = None
+    if mode is not None and not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
+        raise UserError(f"{path}: the index cache entry is {describe_kind(mode)}, not a "
+                        "folder; remove it yourself (it is rebuilt) or use another cache folder")
+    if not _present(path / _DESCRIPTION, "description"):
+        return None, None if not os.path.lexists(path) else f"{_DESCRIPTION}: missing"
+    try:
+        with open_regular(path / _DESCRIPTION, "index cache description", "r") as fh:
+            stored = json.load(fh)
     except (OSError, ValueError) as error:
         return None, f"{_DESCRIPTION}: unreadable ({error})"
     if not isinstance(stored, dict) or (
@@ -168,6 +189,9 @@ def _load(path: Path, description: dict, check: Check | None = None
         return None, f"{_DESCRIPTION}: lists no arrays"
     for array_name, spec in specs.items():
         array_path = path / f"{array_name}.npy"
+        # np.load opens by name: checked first, or a FIFO there blocks it for good
+        if not _present(array_path, "array"):
+            return None, f"{array_name}.npy: missing"
         try:
             array = np.load(array_path, mmap_mode="r", allow_pickle=False)
         except (OSError, ValueError) as error:
@@ -188,13 +212,43 @@ def _load(path: Path, description: dict, check: Check | None = None
     return CacheEntry(path, arrays, metadata, "reused"), None
 
 
+def _present(path: Path, what: str) -> bool:
+    """Whether the entry's file ``path`` exists (symlinks followed): False when absent, True
+    for a regular file; anything else (a FIFO, a device, a folder) is refused, not deleted."""
+    try:
+        mode = os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    if not stat.S_ISREG(mode):
+        raise UserError(f"{path}: the index cache {what} is {describe_kind(mode)}, not a "
+                        f"regular file; remove {path.parent} yourself (it is rebuilt) or use "
+                        "another cache folder")
+    return True
+
+
+def _written(file: Path, write: Callable[[], object]) -> None:
+    """``write()`` of ``file``, an error naming the file when it fails: numpy and
+    ``write_text`` report a full disk without the file's name."""
+    try:
+        write()
+    except OSError as error:
+        if error.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        free = shutil.disk_usage(file.parent).free
+        raise UserError(f"{file}: cannot write the index cache: {error.strerror} "
+                        f"({free / 2**30:.1f} GiB free); free space there or use another "
+                        "cache folder") from None
+
+
 def _publish(path: Path, description: dict, arrays: dict[str, np.ndarray],
              metadata: dict) -> None:
     scratch = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".partial",
                                     dir=path.parent))
     try:
         for array_name, array in arrays.items():
-            np.save(scratch / f"{array_name}.npy", array, allow_pickle=False)
+            file = scratch / f"{array_name}.npy"
+            _written(file, lambda file=file, array=array: np.save(file, array,
+                                                                   allow_pickle=False))
         stored = {
             "description": description,
             "arrays": {n: {"shape": list(a.shape), "dtype": str(a.dtype)}
@@ -202,7 +256,8 @@ def _publish(path: Path, description: dict, arrays: dict[str, np.ndarray],
             "metadata": metadata,
         }
         # written last: an entry without it is never mistaken for a complete one
-        (scratch / _DESCRIPTION).write_text(json.dumps(stored, indent=1, sort_keys=True))
+        file = scratch / _DESCRIPTION
+        _written(file, lambda: file.write_text(json.dumps(stored, indent=1, sort_keys=True)))
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(scratch, 0o777 & ~umask)  # mkdtemp makes it private; ranks may be others
@@ -214,11 +269,17 @@ def _publish(path: Path, description: dict, arrays: dict[str, np.ndarray],
 
 
 def _remove(path: Path) -> None:
-    """Move a bad entry out of the way first, so no reader sees it half-deleted."""
+    """Move a bad entry out of the way first, so no reader sees it half-deleted. A symlink
+    (an entry kept elsewhere) is removed as a link: what it points to is not ours to delete."""
     trash = path.with_name(f".{path.name}.{os.getpid()}.trash")
-    with contextlib.suppress(FileNotFoundError):
+    try:
         os.rename(path, trash)
-    shutil.rmtree(trash, ignore_errors=True)
+    except FileNotFoundError:
+        return
+    if trash.is_symlink() or not trash.is_dir():
+        trash.unlink()
+    else:
+        shutil.rmtree(trash, ignore_errors=True)
 
 
 @contextlib.contextmanager
