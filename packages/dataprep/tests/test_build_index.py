@@ -280,7 +280,8 @@ def _error_line(result) -> str:
 @pytest.mark.slow
 @pytest.mark.parametrize(("extra", "expected"), [
     (["--weight", "zzz=1"], "--weight zzz=...: no dataset 'zzz'"),
-    (["--weight", "a=0", "--weight", "b=1"], "--weight 'a=0': the weight must be a positive"),
+    (["--weight", "a=-1", "--weight", "b=1"], "--weight a=... -1.0: the weight must be a "
+                                              "finite number >= 0 (0 leaves the dataset out)"),
     (["--weight", "a=x"], "'x' is not a number"),
     (["--weight", "a"], "expected NAME=WEIGHT"),
     (["--weight", "a=1"], "every dataset needs a weight when any has one; missing: b"),

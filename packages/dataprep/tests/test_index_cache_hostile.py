@@ -14,9 +14,11 @@ import numpy as np
 import pytest
 
 from bloomline.common import UserError
+from bloomline.common.errors import SettingError
 from bloomline.dataprep import (
     IndexedDatasetWriter,
     IndexRequest,
+    build_index,
     build_sample_datasets,
     index_cache,
 )
@@ -144,3 +146,75 @@ def test_full_disk_names_the_file_and_leaves_no_entry(tmp_path, monkeypatch, cap
                      "GiB free")
     assert str(corpus / ".index") in line
     assert not [p.name for p in (corpus / ".index").iterdir() if p.name != ".locks"]
+
+
+BUILD = ("--seq-length", 16, "--split", "90,10")
+
+
+def test_request_beyond_the_machines_memory_is_refused_before_allocating(tmp_path, monkeypatch,
+                                                                         capsys):
+    """Bug: ``--train-samples 1e11`` (an allowed value) died in a MemoryError traceback (and
+    the trainer the same) after allocating what it could, sometimes leaving cache entries of
+    a run that never started."""
+    corpus = _corpus(tmp_path)
+    code, _, err = _dataprep(monkeypatch, capsys, "build-index", corpus, *BUILD,
+                             "--train-samples", 10**11, "--weight", "a=1", "--weight", "b=2")
+    _one_line(code, err, "--train-samples 100,000,000,000: building its largest index needs",
+              "TiB of memory and this machine has", "available")
+    assert not (corpus / ".index").exists() or not [
+        p for p in (corpus / ".index").iterdir() if p.name != ".locks"]
+    with pytest.raises(SettingError) as raised:  # the trainer words it as its own key
+        build_sample_datasets(corpus, IndexRequest(seq_length=16, train_samples=10**11, split="9,1",
+                                                   weights={"a": 1.0, "b": 2.0}))
+    assert raised.value.setting == "train_samples"
+
+
+def test_request_beyond_the_free_disk_is_refused_before_writing(tmp_path, monkeypatch, capsys):
+    """Bug: a request whose indices could not fit the cache folder's disk wrote entries until
+    the disk was full, leaving gigabytes of cache behind a failed run."""
+    corpus = _corpus(tmp_path)
+    monkeypatch.setattr(build_index, "free_disk", lambda path: 1000)
+    code, _, err = _dataprep(monkeypatch, capsys, "build-index", corpus, *BUILD,
+                             "--train-samples", 50)
+    _one_line(code, err, "--train-samples 50: the index cache needs", f"{corpus / '.index'}",
+              "1000 B free")
+    assert not (corpus / ".index").exists()
+    monkeypatch.undo()
+    build_sample_datasets(corpus, REQUEST)
+    monkeypatch.setattr(build_index, "free_disk", lambda path: 0)
+    assert len(build_sample_datasets(corpus, REQUEST).splits["train"]) >= 50  # all reused
+
+
+@pytest.mark.parametrize(("weights", "expected"), [
+    (("a=1e308", "b=1e308"), "--weight: the weights add up to more than a float64 holds"),
+    (("a=inf", "b=1"), "--weight a=... inf: the weight must be a finite number >= 0"),
+    (("a=-1", "b=1"), "--weight a=... -1.0: the weight must be a finite number >= 0"),
+    (("a=0", "b=0"), "--weight: the weights must not all be zero"),
+])
+def test_weights_that_cannot_be_normalized_are_refused(tmp_path, monkeypatch, capsys, weights,
+                                                       expected):
+    """Bug: ``--weight a=1e308 --weight b=1e308`` overflowed the sum to inf, every weight
+    normalized to 0, and build-index reported "0 samples" with exit 0."""
+    corpus = _corpus(tmp_path)
+    args = [x for weight in weights for x in ("--weight", weight)]
+    code, _, err = _dataprep(monkeypatch, capsys, "build-index", corpus, *BUILD,
+                             "--train-samples", 50, *args)
+    _one_line(code, err, expected)
+
+
+def test_weight_zero_leaves_a_dataset_out_as_in_the_trainer(tmp_path, monkeypatch, capsys):
+    """Bug: build-index refused ``--weight NAME=0`` while the trainer took
+    ``data.weights.NAME=0``, so no inspect tool could show what such a run reads; and the
+    weight-0 dataset still had its index built."""
+    corpus = _corpus(tmp_path, names=("a", "b", "c"))
+    code, out, err = _dataprep(monkeypatch, capsys, "build-index", corpus, *BUILD,
+                               "--train-samples", 50, "--weight", "a=0", "--weight", "b=3",
+                               "--weight", "c=1")
+    assert code == 0, err
+    assert "left out (weight 0): a" in out
+    assert not list((corpus / ".index").glob("gpt-*-a-*"))
+    built = build_sample_datasets(corpus, IndexRequest(
+        seq_length=16, train_samples=50, split="90,10", weights={"a": 0.0, "b": 3.0, "c": 1.0}))
+    train = built.splits["train"]
+    assert train.names == ["b", "c"] and len(train) >= 50
+    assert built.report["splits"]["train"]["left_out"] == ["a"]

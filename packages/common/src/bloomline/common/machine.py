@@ -1,12 +1,15 @@
 """What machine this is, in the words a person reads: for figures that depend on it (the MFU
-peak's cache key, benchmark result headers)."""
+peak's cache key, benchmark result headers), and what it has left (memory, disk) for a job
+that sizes its arrays before allocating them."""
 
 from __future__ import annotations
 
+import os
 import platform
+import shutil
 from pathlib import Path
 
-__all__ = ["cpu_model"]
+__all__ = ["available_memory", "cpu_model", "format_bytes", "free_disk"]
 
 
 def cpu_model() -> str:
@@ -19,3 +22,38 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def available_memory() -> int | None:
+    """Bytes of memory a new allocation can get without swapping (``MemAvailable`` of
+    ``/proc/meminfo``); None where the system does not say."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def free_disk(path: str | os.PathLike) -> int | None:
+    """Bytes free to this user on the filesystem of ``path``, or of its nearest existing
+    parent (a folder about to be created); None where it cannot be told."""
+    path = Path(path).absolute()
+    for folder in (path, *path.parents):
+        try:
+            return shutil.disk_usage(folder).free
+        except FileNotFoundError:
+            continue
+        except OSError:
+            return None
+    return None
+
+
+def format_bytes(count: float) -> str:
+    """``1.5 GiB``: bytes in binary units, for messages."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(count) < 1024 or unit == "TiB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024
+    raise AssertionError("unreachable")

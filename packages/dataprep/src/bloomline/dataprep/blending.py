@@ -40,14 +40,19 @@ alternatives tried and why numba: ``docs/decisions/dataprep-blend-kernels.md``.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import numpy as np
+
+from bloomline.dataprep.setting_names import setting_error
 
 __all__ = [
     "MAX_DATASETS",
     "blend_component_sizes",
+    "blended_datasets",
     "build_blend_indices",
     "build_exhaustive_blend_indices",
+    "normalize_weights",
 ]
 
 # dataset_index is int16 in Megatron's format, and megatron-core asserts fewer than this
@@ -71,10 +76,50 @@ def blend_component_sizes(weights: list[float], num_samples: int, surplus: float
             for weight in weights]
 
 
+def blended_datasets(weights: Mapping[str, float]) -> dict[str, float]:
+    """The rule of blend weights given by a user, one for every front end (build-index's
+    ``--weight``, the trainer's ``data.weights``): each a finite number >= 0, not all 0, with
+    a sum a float64 holds (else every normalized weight would be 0 and the blend empty).
+    Weight 0 leaves its dataset out: nothing is built or read for it.
+
+    Returns:
+        The weights of the datasets the blend takes samples from, in the given order.
+
+    Raises:
+        SettingError: about ``weights`` (the entry at fault where there is one).
+    """
+    for name, weight in weights.items():
+        if not (math.isfinite(weight) and weight >= 0):
+            raise setting_error("weights", "{setting} {value!r}: the weight must be a finite "
+                                "number >= 0 (0 leaves the dataset out)", entry=name,
+                                value=weight)
+    taken = {name: float(weight) for name, weight in weights.items() if weight > 0}
+    if not taken:
+        raise setting_error("weights", "{setting}: the weights must not all be zero")
+    with np.errstate(over="ignore"):  # the sum normalize_weights divides by
+        total = np.asarray(list(taken.values()), dtype=np.float64).sum()
+    if not np.isfinite(total):
+        raise setting_error("weights", "{setting}: the weights add up to more than a float64 "
+                            "holds (the largest is {largest:g}); give smaller numbers in the "
+                            "same proportions", largest=max(taken.values()))
+    return taken
+
+
 def normalize_weights(weights: list[float]) -> np.ndarray:
-    """Weights divided by their float64 sum, as megatron-core's ``normalize`` does."""
+    """Weights divided by their float64 sum, as megatron-core's ``normalize`` does.
+
+    Raises:
+        ValueError: weights that are not finite and >= 0 with a finite positive sum (user
+            weights are checked before, by :func:`blended_datasets`).
+    """
     array = np.asarray(weights, dtype=np.float64)
-    return array / array.sum()
+    with np.errstate(over="ignore"):  # an overflow is refused below
+        total = array.sum()
+    if not (np.isfinite(array).all() and (array >= 0).all() and np.isfinite(total)
+            and total > 0):
+        raise ValueError(f"blend weights must be finite, >= 0, with a finite positive sum, "
+                         f"got {array.tolist()}")
+    return array / total
 
 
 def build_blend_indices(weights: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:

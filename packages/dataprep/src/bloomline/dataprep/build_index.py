@@ -16,7 +16,12 @@ Which sample counts are built follows megatron-core's ``BlendedMegatronDatasetBu
   has ``min(N, sum of counts)`` samples, or all of them (exhaustive) when N is not given.
 
 A split whose sample count is not given (valid and test by default) is built for one epoch of
-each dataset, which is what evaluation on "the whole valid split" means.
+each dataset, which is what evaluation on "the whole valid split" means. A dataset of weight 0
+is left out (nothing is built or read for it; the report names it), for every front end alike.
+
+Every array's size follows from counts alone (``gpt_index.index_shape``), so the whole request
+is sized before anything is built: one too large for the machine's memory, or for the cache
+folder's free disk, is refused in one line before the first allocation or cache write.
 """
 
 from __future__ import annotations
@@ -29,10 +34,12 @@ from pathlib import Path
 import numpy as np
 
 from bloomline.common.errors import SettingError, UserError
+from bloomline.common.machine import available_memory, format_bytes, free_disk
 from bloomline.dataprep.blended_samples import BlendedSampleDataset
 from bloomline.dataprep.blending import (
     MAX_DATASETS,
     blend_component_sizes,
+    blended_datasets,
     build_blend_indices,
     build_exhaustive_blend_indices,
     normalize_weights,
@@ -40,13 +47,15 @@ from bloomline.dataprep.blending import (
 from bloomline.dataprep.fingerprint import check_same_tokenizer
 from bloomline.dataprep.gpt_index import (
     SPLIT_NAMES,
+    IndexShape,
     SampleIndex,
     build_sample_index,
+    index_shape,
     parse_split,
     split_sequence_ranges,
 )
 from bloomline.dataprep.gpt_samples import GPTSampleDataset
-from bloomline.dataprep.index_cache import CacheEntry, cached_arrays, file_identity
+from bloomline.dataprep.index_cache import CacheEntry, cached_arrays, entry_key, file_identity
 from bloomline.dataprep.index_checks import blend_index_check, check_index_cache, gpt_index_check
 from bloomline.dataprep.indexed_dataset import IndexedDataset
 from bloomline.dataprep.setting_names import setting_error
@@ -129,7 +138,8 @@ def path_prefix(dataset: IndexedDataset) -> str:
 
 
 def parse_weights(values: list[str]) -> dict[str, float]:
-    """``["wiki=0.3", "code=0.7"]`` -> ``{"wiki": 0.3, "code": 0.7}``."""
+    """``["wiki=0.3", "code=0.7"]`` -> ``{"wiki": 0.3, "code": 0.7}``; what a weight may be
+    is the blend's rule (``blending.blended_datasets``), checked with the request."""
     weights: dict[str, float] = {}
     for value in values:
         name, sep, text = value.partition("=")
@@ -139,8 +149,6 @@ def parse_weights(values: list[str]) -> dict[str, float]:
             weight = float(text)
         except ValueError:
             raise _weight_error(value, "{text!r} is not a number", text=text) from None
-        if not math.isfinite(weight) or weight <= 0:
-            raise _weight_error(value, "the weight must be a positive number")
         if name in weights:
             raise _weight_error(value, "{name!r} is weighted twice", name=name)
         weights[name] = weight
@@ -174,6 +182,7 @@ def _check_request(request: IndexRequest, names: list[str]) -> None:
     if missing and len(names) > 1:
         raise setting_error("weights", "{setting}: every dataset needs a weight when any has "
                             "one; missing: {missing}", missing=", ".join(missing))
+    blended_datasets(request.weights)
 
 
 def build_sample_datasets(corpus_dir: str | os.PathLike, request: IndexRequest,
@@ -193,12 +202,20 @@ def build_sample_datasets(corpus_dir: str | os.PathLike, request: IndexRequest,
     _check_request(request, names)
     cache_dir = Path(cache_dir) if cache_dir is not None else corpus_dir / ".index"
     split_weights = parse_split(request.split)
-    identities = {name: file_identity(ds.idx_path) for name, ds in datasets.items()}
     blend = len(names) > 1
     weights = None
+    left_out: list[str] = []
     if blend and request.weights is not None:
-        weights = normalize_weights([request.weights[name] for name in names])
+        taken = blended_datasets({name: request.weights[name] for name in names})
+        left_out = [name for name in names if name not in taken]
+        names = list(taken)
+        datasets = {name: datasets[name] for name in names}
+        weights = normalize_weights(list(taken.values()))
+    identities = {name: file_identity(ds.idx_path) for name, ds in datasets.items()}
     ranges_by_split = _split_ranges(datasets, split_weights, request)
+    plans = {split: _plan_split(split, ranges, datasets, identities, weights, blend, request)
+             for split, ranges in ranges_by_split.items()}
+    _check_fits(plans, cache_dir, request)
     splits: dict = {}
     report = {
         "corpus": str(corpus_dir), "cache_dir": str(cache_dir),
@@ -206,27 +223,18 @@ def build_sample_datasets(corpus_dir: str | os.PathLike, request: IndexRequest,
         "add_extra_token": request.add_extra_token, "surplus": request.surplus,
         "splits": {},
     }
-    for split, ranges in ranges_by_split.items():
-        requested = request.samples(split)
-        if weights is not None and requested is not None:
-            per_dataset = blend_component_sizes(weights.tolist(), requested, request.surplus)
-        elif blend:
-            per_dataset = [None] * len(names)  # one epoch each
-        else:
-            per_dataset = [requested]
+    for split, plan in plans.items():
         components, entries = [], []
-        for name, num_samples in zip(names, per_dataset, strict=True):
-            entry = _gpt_entry(cache_dir, name, datasets[name], identities[name], split,
-                               ranges[name], num_samples, request)
+        for name in names:
+            entry = _gpt_entry(cache_dir, plan.gpt[name], datasets[name], request)
             components.append(GPTSampleDataset(datasets[name], _sample_index(entry),
                                                request.add_extra_token))
             entries.append(entry)
-        split_report = {"requested": requested, "datasets": {}}
+        split_report = {"requested": plan.requested, "datasets": {}}
         if not blend:
             splits[split] = components[0]
         else:
-            blend_entry = _blend_entry(cache_dir, split, names, components, entries, weights,
-                                       requested, request)
+            blend_entry = _blend_entry(cache_dir, plan, names, components, request)
             splits[split] = BlendedSampleDataset(
                 components, names, blend_entry.arrays["dataset_index"],
                 blend_entry.arrays["dataset_sample_index"])
@@ -234,6 +242,8 @@ def build_sample_datasets(corpus_dir: str | os.PathLike, request: IndexRequest,
                                      "status": blend_entry.status,
                                      **blend_entry.metadata}
         split_report["samples"] = len(splits[split])
+        if left_out:
+            split_report["left_out"] = left_out
         for position, (name, entry) in enumerate(zip(names, entries, strict=True)):
             row = {"cache": str(entry.path), "status": entry.status, **entry.metadata,
                    "samples": len(components[position])}
@@ -242,8 +252,143 @@ def build_sample_datasets(corpus_dir: str | os.PathLike, request: IndexRequest,
                 row["weight"] = split_report["blend"]["weights"][position]
                 row["realized"] = row["used"] / max(1, split_report["samples"])
             split_report["datasets"][name] = row
+        if plan.requested and split_report["samples"] == 0:  # never a silent empty success
+            raise UserError(f"{corpus_dir}: the {split} split serves 0 samples of the "
+                            f"{plan.requested} requested; check the weights and the split")
         report["splits"][split] = split_report
     return BuiltIndex(splits, report)
+
+
+@dataclass(frozen=True)
+class _GptPlan:
+    """One dataset's index of one split, before it is built: its cache description and
+    the sizes of its arrays."""
+
+    split: str
+    name: str
+    sequences: range
+    num_samples: int | None
+    description: dict
+    shape: IndexShape
+
+    @property
+    def entry_name(self) -> str:  # as index_cache names the entry
+        return f"gpt-{self.split}-{self.name}-{entry_key(self.description)}"
+
+
+@dataclass(frozen=True)
+class _SplitPlan:
+    """What one split builds: an index per dataset and, for several datasets, a blend of
+    ``blend_size`` positions (None: exhaustive, every built sample once)."""
+
+    split: str
+    requested: int | None
+    gpt: dict[str, _GptPlan]
+    blend_weights: np.ndarray | None = None
+    blend_size: int | None = None
+    blend_description: dict | None = None
+
+    @property
+    def blend_positions(self) -> int:
+        if self.blend_description is None:
+            return 0
+        if self.blend_size is None:
+            return sum(plan.shape.num_built for plan in self.gpt.values())
+        return self.blend_size
+
+
+# bytes per blend position: dataset_index int16, dataset_sample_index int64
+_BLEND_BYTES = 2 + 8
+
+
+def _plan_split(split: str, ranges: dict[str, range], datasets: dict[str, IndexedDataset],
+                identities: dict[str, str], weights: np.ndarray | None, blend: bool,
+                request: IndexRequest) -> _SplitPlan:
+    """The sample counts (megatron-core's rules, see the module docstring) and the cache
+    descriptions of a split, from counts alone: nothing is built here."""
+    names = list(datasets)
+    requested = request.samples(split)
+    if weights is not None and requested is not None:
+        per_dataset = blend_component_sizes(weights.tolist(), requested, request.surplus)
+    elif blend:
+        per_dataset = [None] * len(names)  # one epoch each
+    else:
+        per_dataset = [requested]
+    gpt = {}
+    for name, num_samples in zip(names, per_dataset, strict=True):
+        dataset, sequences = datasets[name], ranges[name]
+        lengths = dataset.sequence_lengths
+        shape = index_shape(
+            int(lengths[sequences.start : sequences.stop].sum(dtype=np.int64)),
+            len(sequences), max(sequences.stop - 1, 0), int(lengths.max(initial=0)),
+            request.seq_length, num_samples, request.add_extra_token)
+        description = {
+            "kind": "gpt", "idx": identities[name],
+            "bin_bytes": dataset.bin_path.stat().st_size, "split": split,
+            "sequences": [sequences.start, sequences.stop], "seq_length": request.seq_length,
+            "num_samples": num_samples, "seed": request.seed,
+            "add_extra_token": request.add_extra_token,
+        }
+        gpt[name] = _GptPlan(split, name, sequences, num_samples, description, shape)
+    if not blend:
+        return _SplitPlan(split, requested, gpt)
+    if weights is not None and requested is not None:
+        size = sum(blend_component_sizes(weights.tolist(), requested))
+        blend_weights = weights
+    else:
+        # no weights (or no count for this split): each dataset once, in proportion to size
+        lengths = [plan.shape.num_built for plan in gpt.values()]
+        size = None if requested is None else min(requested, sum(lengths))
+        blend_weights = normalize_weights(lengths)
+    description = {
+        "kind": "blend", "split": split,
+        "components": [plan.entry_name for plan in gpt.values()],
+        "weights": blend_weights.tolist(), "size": size,
+    }
+    return _SplitPlan(split, requested, gpt, blend_weights, size, description)
+
+
+def _check_fits(plans: dict[str, _SplitPlan], cache_dir: Path, request: IndexRequest) -> None:
+    """Refuse, before anything is built, a request whose missing cache entries need more
+    memory to build (the largest one: they are built one at a time) than the machine has
+    available, or more disk (all of them) than the cache folder has free."""
+    peak, peak_split, disk, disk_by_split = 0, None, 0, {}
+    for split, plan in plans.items():
+        builds = [(plan.entry_name, plan.shape.build_bytes, sum(plan.shape.array_bytes.values()))
+                  for plan in plan.gpt.values()]
+        if plan.blend_description is not None:
+            size = plan.blend_positions * _BLEND_BYTES
+            builds.append((f"blend-{split}-{entry_key(plan.blend_description)}", size, size))
+        for entry_name, memory, stored in builds:
+            if os.path.lexists(cache_dir / entry_name):
+                continue
+            if memory > peak:
+                peak, peak_split = memory, split
+            disk += stored
+            disk_by_split[split] = disk_by_split.get(split, 0) + stored
+    if peak_split is not None:
+        available = available_memory()
+        if available is not None and peak > available:
+            raise _too_large(request, peak_split, "building its largest index needs {need} "
+                             "of memory and this machine has {have} available; lower "
+                             "{setting} or build it on a machine with more memory",
+                             need=format_bytes(peak), have=format_bytes(available))
+    if disk_by_split:
+        free = free_disk(cache_dir)
+        if free is not None and disk > free:
+            split = max(disk_by_split, key=disk_by_split.get)
+            raise _too_large(request, split, "the index cache needs {need} of disk in "
+                             "{cache} and it has {have} free; lower {setting}, free space "
+                             "there or use another cache folder", need=format_bytes(disk),
+                             have=format_bytes(free), cache=str(cache_dir))
+
+
+def _too_large(request: IndexRequest, split: str, problem: str, **values: object
+               ) -> SettingError:
+    samples = request.samples(split)
+    value = f"{samples:,}" if samples is not None else "(one epoch)"
+    return setting_error(f"{split}_samples", "{setting} {value}: " + problem, value=value,
+                         **values)
 
 
 def _split_ranges(datasets: dict[str, IndexedDataset], split_weights: tuple[float, ...],
@@ -291,15 +436,9 @@ def _drop_hint(split_arg: str, split: str) -> tuple[str, str | None]:
     return " (a 0 share leaves it out: {split} {dropped})", ",".join(shares)
 
 
-def _gpt_entry(cache_dir: Path, name: str, dataset: IndexedDataset, identity: str, split: str,
-               sequence_range: range, num_samples: int | None,
+def _gpt_entry(cache_dir: Path, plan: _GptPlan, dataset: IndexedDataset,
                request: IndexRequest) -> CacheEntry:
-    description = {
-        "kind": "gpt", "idx": identity, "bin_bytes": dataset.bin_path.stat().st_size,
-        "split": split, "sequences": [sequence_range.start, sequence_range.stop],
-        "seq_length": request.seq_length, "num_samples": num_samples, "seed": request.seed,
-        "add_extra_token": request.add_extra_token,
-    }
+    split, sequence_range, num_samples = plan.split, plan.sequences, plan.num_samples
 
     def build():
         try:
@@ -317,7 +456,7 @@ def _gpt_entry(cache_dir: Path, name: str, dataset: IndexedDataset, identity: st
                     "separate_last_epoch": index.separate_last_epoch}
         return arrays, metadata
 
-    return cached_arrays(cache_dir, f"gpt-{split}-{name}", description, build,
+    return cached_arrays(cache_dir, f"gpt-{split}-{plan.name}", plan.description, build,
                          gpt_index_check(dataset.sequence_lengths, sequence_range))
 
 
@@ -328,22 +467,14 @@ def _sample_index(entry: CacheEntry) -> SampleIndex:
                        meta["separate_last_epoch"])
 
 
-def _blend_entry(cache_dir: Path, split: str, names: list[str],
-                 components: list[GPTSampleDataset], entries: list[CacheEntry],
-                 weights: np.ndarray | None, requested: int | None,
-                 request: IndexRequest) -> CacheEntry:
+def _blend_entry(cache_dir: Path, plan: _SplitPlan, names: list[str],
+                 components: list[GPTSampleDataset], request: IndexRequest) -> CacheEntry:
+    split, size, blend_weights = plan.split, plan.blend_size, plan.blend_weights
     lengths = [len(component) for component in components]
-    if weights is not None and requested is not None:
-        size = sum(blend_component_sizes(weights.tolist(), requested))
-        blend_weights = weights
-    else:
-        # no weights (or no count for this split): each dataset once, in proportion to size
-        size = None if requested is None else min(requested, sum(lengths))
-        blend_weights = normalize_weights(lengths)
-    description = {
-        "kind": "blend", "split": split, "components": [e.path.name for e in entries],
-        "weights": blend_weights.tolist(), "size": size,
-    }
+    planned = [gpt.shape.num_built for gpt in plan.gpt.values()]
+    if lengths != planned:  # the plan's description would name another blend: a bug
+        raise AssertionError(f"{split} split: built {lengths} samples, planned {planned}")
+    description = plan.blend_description
 
     def build():
         if size is None:
@@ -400,4 +531,6 @@ def format_report(report: dict) -> str:
             lines.append("  " + "  ".join(
                 cell.ljust(width) if i in (0, len(columns) - 1) else cell.rjust(width)
                 for i, (cell, width) in enumerate(zip(r, widths, strict=True))).rstrip())
+        if info.get("left_out"):
+            lines.append(f"  left out (weight 0): {', '.join(info['left_out'])}")
     return "\n".join(lines)

@@ -31,8 +31,10 @@ from bloomline.dataprep.setting_names import setting_error
 
 __all__ = [
     "SPLIT_NAMES",
+    "IndexShape",
     "SampleIndex",
     "build_sample_index",
+    "index_shape",
     "parse_split",
     "shuffle",
     "split_sequence_ranges",
@@ -117,6 +119,60 @@ def _num_epochs(num_tokens_per_epoch: int, seq_length: int, num_samples: int | N
     # exact integers: Megatron's loop is equivalent, its float sample counts are not
     requested = num_samples * seq_length + extra
     return max(1, -(-requested // num_tokens_per_epoch))
+
+
+@dataclass(frozen=True)
+class IndexShape:
+    """The sizes of one split's indices, known before any is built (from counts alone), so a
+    request too large for the machine is refused before it allocates anything."""
+
+    num_epochs: int
+    num_built: int  # samples built (the shuffle index's length)
+    num_before_last: int  # samples of the epochs shuffled together
+    separate_last_epoch: bool
+    document_entries: int  # num_epochs * sequences
+    document_itemsize: int
+    sample_itemsize: int
+    shuffle_itemsize: int
+
+    @property
+    def array_bytes(self) -> dict[str, int]:
+        """Bytes of each array, as stored in the cache."""
+        return {"document_index": self.document_entries * self.document_itemsize,
+                "sample_index": (self.num_built + 1) * 2 * self.sample_itemsize,
+                "shuffle_index": self.num_built * self.shuffle_itemsize}
+
+    @property
+    def build_bytes(self) -> int:
+        """Memory the build holds at its peak: every array, and the shuffle index twice when
+        its last epoch is shuffled apart (the two parts are concatenated)."""
+        shuffle_copy = self.array_bytes["shuffle_index"] if self.separate_last_epoch else 0
+        return sum(self.array_bytes.values()) + shuffle_copy
+
+
+def index_shape(tokens_per_epoch: int, num_sequences: int, last_sequence_id: int,
+                longest_sequence: int, seq_length: int, num_samples: int | None,
+                add_extra_token: bool = True) -> IndexShape:
+    """The shape of the indices ``build_sample_index`` makes for a split of
+    ``num_sequences`` sequences (ids up to ``last_sequence_id``, the longest of
+    ``longest_sequence`` tokens) holding ``tokens_per_epoch`` tokens: pure arithmetic."""
+    extra = int(add_extra_token)
+    num_epochs = _num_epochs(tokens_per_epoch, seq_length, num_samples, extra)
+    num_built = (num_epochs * tokens_per_epoch - extra) // seq_length
+    separate = False
+    num_before_last = num_built
+    if num_epochs > 1:
+        num_before_last = ((num_epochs - 1) * tokens_per_epoch - extra) // seq_length
+        per_epoch = (tokens_per_epoch - extra) // seq_length
+        separate = (num_samples - num_before_last
+                    < int(_SEPARATE_LAST_EPOCH_THRESHOLD * per_epoch))
+    int32_max = np.iinfo(np.int32).max
+    entries = num_epochs * num_sequences
+    return IndexShape(
+        num_epochs, num_built, num_before_last, separate, entries,
+        document_itemsize=4 if last_sequence_id <= int32_max else 8,
+        sample_itemsize=4 if entries <= int32_max and longest_sequence <= int32_max else 8,
+        shuffle_itemsize=4 if num_built < np.iinfo(np.uint32).max - 1 else 8)
 
 
 def _document_index(sequence_ids: np.ndarray, num_epochs: int, rng: np.random.RandomState,
@@ -251,15 +307,10 @@ def build_sample_index(sequence_lengths: np.ndarray, sequence_ids: np.ndarray | 
                             "tokens, too few for one sample of {needed}; lower {setting} or "
                             "give the split a larger share", sequences=len(sequence_ids),
                             tokens=tokens_per_epoch, needed=seq_length + extra)
-    num_epochs = _num_epochs(tokens_per_epoch, seq_length, num_samples, extra)
-    num_built = (num_epochs * tokens_per_epoch - extra) // seq_length
-    separate = False
-    num_before_last = num_built
-    if num_epochs > 1:
-        num_before_last = ((num_epochs - 1) * tokens_per_epoch - extra) // seq_length
-        per_epoch = (tokens_per_epoch - extra) // seq_length
-        separate = (num_samples - num_before_last
-                    < int(_SEPARATE_LAST_EPOCH_THRESHOLD * per_epoch))
+    shape = index_shape(tokens_per_epoch, len(sequence_ids), 0, 0, seq_length, num_samples,
+                        add_extra_token)
+    num_epochs, num_built = shape.num_epochs, shape.num_built
+    separate, num_before_last = shape.separate_last_epoch, shape.num_before_last
     rng = np.random.RandomState(seed)
     document_index = _document_index(sequence_ids, num_epochs, rng, separate)
     sample_index = _sample_starts(np.asarray(sequence_lengths), document_index, seq_length,

@@ -16,6 +16,7 @@ __all__ = ["DATAPREP_KEYS"]
 DATAPREP_KEYS = {
     "seq_length": "data.seq_length",
     "split": "data.split",
+    "train_samples": "train.train_samples",
     "weights": "data.weights",
     "weights.ENTRY": "data.weights.{entry}",
 }
