@@ -161,7 +161,8 @@ def build_index(
     split: str = typer.Option("969,30,1", help="train,valid,test shares of each dataset."),
     seed: int = typer.Option(1234, help="Seed of the shuffles (Megatron's --seed)."),
     weight: list[str] = typer.Option(
-        None, help="NAME=W blend weight, one per dataset (default: by size, one epoch each)."),
+        None, help="NAME=W blend weight, one per dataset; 0 leaves the dataset out (default: "
+        "by size, one epoch each)."),
     cache_dir: str = typer.Option(None, help="Index cache (default: CORPUS_DIR/.index)."),
     surplus: float = typer.Option(
         0.005, help="Extra share of samples built per blended dataset (Megatron's "
