@@ -218,3 +218,17 @@ def test_weight_zero_leaves_a_dataset_out_as_in_the_trainer(tmp_path, monkeypatc
     train = built.splits["train"]
     assert train.names == ["b", "c"] and len(train) >= 50
     assert built.report["splits"]["train"]["left_out"] == ["a"]
+
+
+def test_fifo_in_place_of_a_lock_file_is_refused(tmp_path):
+    """Bug: the build's lock file was opened whatever it was; a FIFO or device put in its
+    place was locked (or blocked on) instead of being named."""
+    corpus = _corpus(tmp_path, names=("a",))
+    build_sample_datasets(corpus, REQUEST)
+    entry = _entry(corpus)
+    lock = corpus / ".index" / ".locks" / f"{entry.name}.lock"
+    lock.unlink()
+    os.mkfifo(lock)
+    index_cache.shutil.rmtree(entry)
+    with _deadline(), pytest.raises(UserError, match="index cache lock is a FIFO"):
+        build_sample_datasets(corpus, REQUEST)

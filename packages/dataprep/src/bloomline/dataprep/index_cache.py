@@ -284,8 +284,13 @@ def _remove(path: Path) -> None:
 
 @contextlib.contextmanager
 def _locked(lock_path: Path) -> Iterator[None]:
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
+    # non-blocking open, then checked: a FIFO or device put there would block or misbehave
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK, 0o666)
     try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise UserError(f"{lock_path}: the index cache lock is {describe_kind(mode)}, not "
+                            "a regular file; remove it yourself")
         fcntl.flock(fd, fcntl.LOCK_EX)  # released by the kernel if the holder dies
         yield
     finally:
