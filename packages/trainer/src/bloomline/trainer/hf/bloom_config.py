@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from bloomline.common.config_loader import Range
 from bloomline.common.errors import UserError
 from bloomline.trainer.model import ModelConfig
 
@@ -86,8 +87,25 @@ def bloom_config(cfg: ModelConfig, vocab_size: int | None = None, *,
     }
 
 
+# What each config.json field may hold: a value out of range fails deep inside the model's
+# construction (a ZeroDivisionError for n_head 0, a math domain error for a negative width),
+# or builds a model that cannot compute (a dropout of 1.5), so it is refused here by name.
+_COUNT = Range(ge=1)
+_RANGES = {
+    "vocab_size": Range(ge=1, le=2**31 - 1),  # token ids are int32 in the data pipeline
+    "n_embed": _COUNT, "hidden_size": _COUNT,
+    "n_layer": _COUNT, "num_hidden_layers": _COUNT,
+    "n_head": _COUNT, "num_attention_heads": _COUNT,
+    "layer_norm_epsilon": Range(gt=0),
+    "hidden_dropout": Range(ge=0, lt=1), "attention_dropout": Range(ge=0, lt=1),
+    "initializer_range": Range(ge=0),
+}
+
+
 def _field(config: Mapping, *names: str, kind: type = int, default=None):
-    """The first of ``names`` present in ``config`` (aliases in order), checked for type."""
+    """The first of ``names`` present in ``config`` (aliases in order), checked for type and
+    for its range in ``_RANGES`` (JSON's NaN and Infinity are refused: ``Range`` wants finite
+    numbers)."""
     for name in names:
         if config.get(name) is not None:
             value = config[name]
@@ -97,7 +115,11 @@ def _field(config: Mapping, *names: str, kind: type = int, default=None):
                   isinstance(value, int | float) and not isinstance(value, bool))
             if not ok:
                 raise HFInteropError(f"{name} = {value!r}: expected {kind.__name__}")
-            return kind(value)
+            value = kind(value)
+            problem = _RANGES[name].problem(value) if name in _RANGES else None
+            if problem is not None:
+                raise HFInteropError(f"{name} = {value!r}: {problem}")
+            return value
     if default is None:
         raise HFInteropError(f"{names[0]}: missing from the BLOOM config")
     return default

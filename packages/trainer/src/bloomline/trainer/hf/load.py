@@ -1,11 +1,21 @@
 """Loading a BLOOM folder (ours from ``export_hf`` or any transformers one) as our config and
-state dict: ``checkpoint.init_from`` pointing at a Hugging Face model."""
+state dict: ``checkpoint.init_from`` pointing at a Hugging Face model.
+
+A folder is input the user may have downloaded from anywhere, so everything in it is checked
+before it is used: the config's ranges (``bloom_config``), its size against the weight files
+and this machine's memory before anything is allocated (``check_model_size``), the index's
+shard names (plain file names in the folder: a path would read a file from elsewhere), what a
+``pytorch_model.bin`` unpickles to (through torch's restricted ``weights_only`` loader), and
+that every tensor is finite (NaN weights would start a run that skips every step).
+"""
 
 from __future__ import annotations
 
 import json
 import os
 import pickle
+import re
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -13,45 +23,173 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from bloomline.common.errors import UserError
+from bloomline.common.file_kinds import require_regular_file
 from bloomline.trainer.hf.bloom_config import HFInteropError, read_model_config
 from bloomline.trainer.hf.bloom_names import PREFIX, check_tensors, from_hf_state_dict
 from bloomline.trainer.model import ModelConfig
 
-__all__ = ["import_hf"]
+__all__ = ["check_model_size", "import_hf", "machine_memory_bytes", "weight_files"]
 
 # the weight files transformers writes, in the order it looks for them
 _WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                  "pytorch_model.bin.index.json")
+# the fewest bytes a stored weight takes (an 8-bit float); a config describing more
+# parameters than its weight files can hold at that size describes another model
+_MIN_BYTES_PER_WEIGHT = 1
+# import_hf returns the whole model in fp32 on the CPU, in every process that loads it
+_LOADED_BYTES_PER_WEIGHT = 4
+_GIB = 2**30
 
 
-def _load_weight_file(path: Path) -> dict[str, torch.Tensor]:
-    if not path.is_file():
-        raise UserError(f"{path}: weight file not found")
+def _shard_names(index: Path) -> list[str]:
+    """The distinct shard files a sharded-checkpoint index names, each a plain file name in
+    the index's folder: a name with a separator, ``..`` or an absolute path would load a file
+    from another folder (``Path / "/abs"`` is ``/abs``)."""
     try:
-        if path.suffix == ".safetensors":
-            return load_file(path)
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except (SafetensorError, pickle.UnpicklingError, RuntimeError, EOFError) as err:
-        raise UserError(f"{path}: cannot read weights: {str(err).splitlines()[0]}") from None
+        weight_map = json.loads(index.read_text())["weight_map"]
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as err:
+        raise UserError(f"{index}: not a sharded-checkpoint index ({err}); it needs a "
+                        "\"weight_map\" object of tensor name -> shard file") from None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise UserError(f"{index}: weight_map is {type(weight_map).__name__} "
+                        f"{json.dumps(weight_map)[:60]}; expected a non-empty object of "
+                        "tensor name -> shard file")
+    names = set()
+    for tensor, shard in weight_map.items():
+        if not (isinstance(shard, str) and shard not in ("", ".", "..")
+                and "/" not in shard and "\\" not in shard and not os.path.isabs(shard)):
+            raise UserError(f"{index}: weight_map[{tensor!r}] = {shard!r}: a shard must be a "
+                            "file name in the model's folder (no path)")
+        names.add(shard)
+    return sorted(names)
 
 
-def _read_weights(directory: Path) -> tuple[dict[str, torch.Tensor], Path]:
-    """All tensors of the first weight file (or sharded index) found, and which it was."""
+def weight_files(directory: str | os.PathLike) -> tuple[Path, list[Path]]:
+    """The first weight file (or sharded index) of a BLOOM folder, in transformers' order,
+    and the files holding its tensors (the index's shards, each checked to be a regular file
+    of the folder). Raises a one-line UserError when there is none or the index is bad."""
+    directory = Path(directory)
     for name in _WEIGHT_FILES:
         path = directory / name
         if not path.is_file():
             continue
         if not name.endswith(".index.json"):
-            return _load_weight_file(path), path
-        try:
-            weight_map = json.loads(path.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError) as err:
-            raise UserError(f"{path}: not a sharded-checkpoint index ({err})") from None
-        tensors: dict[str, torch.Tensor] = {}
-        for shard in sorted(set(weight_map.values())):
-            tensors.update(_load_weight_file(directory / shard))
-        return tensors, path
+            return path, [path]
+        return path, [require_regular_file(directory / shard, f"weight shard of {path.name}")
+                      for shard in _shard_names(path)]
     raise UserError(f"{directory}: no weights found (looked for {', '.join(_WEIGHT_FILES)})")
+
+
+def _memory_from_meminfo() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _cgroup_limit() -> int | None:
+    """This process's memory limit in a container (cgroup v2, else v1), or None."""
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < 2**60:  # v1 writes its "no limit" as ~2**63
+            return int(text)
+    return None
+
+
+def machine_memory_bytes() -> int | None:
+    """The memory this process can have at most: the machine's (MemTotal) or its container's
+    limit, whichever is smaller; None when neither is known."""
+    known = [m for m in (_memory_from_meminfo(), _cgroup_limit()) if m]
+    return min(known) if known else None
+
+
+def _size(n: int | float) -> str:
+    for unit, scale in (("PiB", 2**50), ("TiB", 2**40), ("GiB", _GIB), ("MiB", 2**20)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}" if n / scale < 1e6 else f"{n / scale:.2e} {unit}"
+    return f"{n:.0f} bytes"
+
+
+def _count(n: int) -> str:
+    return f"{n:,}" if n < 10**15 else f"{n:.2e}"
+
+
+def check_model_size(directory: str | os.PathLike, cfg: ModelConfig) -> None:
+    """Before anything is allocated: the model ``config.json`` describes must be one its
+    weight files can hold, and loading it (fp32, whole, on the CPU) must fit in this
+    machine's memory. One-line UserError naming the sizes otherwise."""
+    directory = Path(directory)
+    params = cfg.num_parameters()
+    source, files = weight_files(directory)
+    stored = sum(path.stat().st_size for path in files)
+    if params * _MIN_BYTES_PER_WEIGHT > stored:
+        raise HFInteropError(
+            f"{directory / 'config.json'}: describes {_count(params)} parameters (vocab_size "
+            f"{cfg.vocab_size}, hidden_size {cfg.hidden_size}, n_layer {cfg.num_layers}), more "
+            f"than {source.name}'s {_size(stored)} of weights can hold; the config is not "
+            "this model's")
+    needed = params * _LOADED_BYTES_PER_WEIGHT
+    memory = machine_memory_bytes()
+    if memory is not None and needed > memory:
+        raise UserError(
+            f"{directory}: loading its {_count(params)}-parameter model needs {_size(needed)} "
+            f"(fp32, whole, in every process), more than this machine's {_size(memory)} of "
+            "memory; start from it on a machine with more memory")
+
+
+def _load_weight_file(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of one weight file, each checked to be a finite floating-point tensor."""
+    require_regular_file(path, "weight file")
+    try:
+        if path.suffix == ".safetensors":
+            tensors = load_file(path)
+        else:
+            # weights_only: torch's restricted unpickler (tensors and containers, no code)
+            tensors = torch.load(path, map_location="cpu", weights_only=True)
+    except SafetensorError as err:
+        raise UserError(f"{path}: cannot read weights: {str(err).splitlines()[0]}") from None
+    except pickle.UnpicklingError as err:
+        # torch's message is a page of advice to turn weights_only off; keep its reason only
+        reason = re.search(r"WeightsUnpickler error: (.*)", str(err))
+        reason = reason.group(1).split(". ")[0] if reason else "refused"
+        raise UserError(f"{path}: holds more than tensors (torch's weights-only loader: "
+                        f"{reason}); expected a state dict saved by torch.save") from None
+    except Exception as err:  # noqa: BLE001 - torch.load of a foreign file fails many ways
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise UserError(f"{path}: cannot read weights ({type(err).__name__}: {first[:200]}); "
+                        "expected a state dict saved by torch.save") from None
+    if not isinstance(tensors, Mapping):
+        raise UserError(f"{path}: holds a {type(tensors).__name__}, not a state dict (a dict "
+                        "of tensor name -> tensor)")
+    for name, tensor in tensors.items():
+        if not isinstance(name, str) or not isinstance(tensor, torch.Tensor):
+            raise UserError(f"{path}: entry {name!r} is a {type(tensor).__name__}, not a "
+                            "tensor; a state dict maps tensor names to tensors")
+        if not tensor.is_floating_point():
+            raise UserError(f"{path}: {name} is {str(tensor.dtype).removeprefix('torch.')}; "
+                            "model weights are floating point")
+        if not bool(torch.isfinite(tensor).all()):
+            raise UserError(f"{path}: {name} holds NaN or inf values; a model to start from "
+                            "must be finite (export it again from a good checkpoint)")
+    return dict(tensors)
+
+
+def _read_weights(directory: Path) -> tuple[dict[str, torch.Tensor], Path]:
+    """All tensors of the first weight file (or sharded index) found, and which it was."""
+    source, files = weight_files(directory)
+    tensors: dict[str, torch.Tensor] = {}
+    for path in files:
+        tensors.update(_load_weight_file(path))
+    return tensors, source
 
 
 def import_hf(directory: str | os.PathLike,
@@ -70,6 +208,7 @@ def import_hf(directory: str | os.PathLike,
     """
     directory = Path(directory)
     cfg = read_model_config(directory, base)
+    check_model_size(directory, cfg)
     hf_state_dict, source = _read_weights(directory)
     try:
         state_dict = from_hf_state_dict(hf_state_dict)
