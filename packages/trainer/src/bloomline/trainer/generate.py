@@ -6,11 +6,32 @@ and fine for the few dozen tokens of a sanity check; ALiBi needs no position lim
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
 
-__all__ = ["continuation_text", "generate_ids", "sample_next"]
+from bloomline.common.errors import UserError
+
+__all__ = ["check_sampling_options", "continuation_text", "generate_ids", "sample_next"]
+
+
+def check_sampling_options(max_new_tokens: int, temperature: float, top_k: int,
+                           top_p: float) -> None:
+    """``trainer generate``'s sampling options within the ranges ``sample_next`` means them
+    for; else a one-line UserError naming the option. Out of range they were taken as
+    something else: a NaN temperature made every probability NaN (multinomial fails), a
+    negative one or a top-p of 0 or above 1 silently meant greedy or all tokens, and a
+    negative count generated nothing."""
+    if max_new_tokens < 1:
+        raise UserError(f"--max-new-tokens {max_new_tokens}: must be >= 1")
+    if not (math.isfinite(temperature) and temperature >= 0):
+        raise UserError(f"--temperature {temperature}: must be a finite number >= 0 "
+                        "(0: greedy)")
+    if top_k < 0:
+        raise UserError(f"--top-k {top_k}: must be >= 0 (0: all tokens)")
+    if not 0 < top_p <= 1:  # also false for NaN
+        raise UserError(f"--top-p {top_p}: must be in (0, 1] (1: all tokens)")
 
 
 def sample_next(logits: torch.Tensor, temperature: float, top_k: int, top_p: float,
