@@ -96,16 +96,16 @@ def test_a_config_its_weights_cannot_back_is_refused_before_allocating(folder, t
 def test_a_model_larger_than_the_machines_memory_is_refused_naming_both(folder, monkeypatch):
     """Bug: a folder whose fp32 model exceeds this machine's memory was loaded anyway (an
     out-of-memory kill or a traceback deep in torch instead of a message)."""
-    monkeypatch.setattr(load, "machine_memory_bytes", lambda: 10_000)
+    monkeypatch.setattr(load, "memory_limit", lambda: 10_000)
     params = _CFG.num_parameters()
     _refused(folder, f"loading its {params:,}-parameter model needs .* more than this "
-                     "machine's 10000 bytes of memory")
+                     r"machine's 9\.8 KiB of memory")
 
 
 def test_the_machines_memory_is_known():
     """Bug: the memory check silently disabled (no size read on Linux)."""
-    memory = load.machine_memory_bytes()
-    assert memory is None or memory > 2**20
+    memory = load.memory_limit()  # Linux: /proc/meminfo
+    assert memory is not None and memory > 2**20
 
 
 def _weights(folder: Path) -> dict[str, torch.Tensor]:

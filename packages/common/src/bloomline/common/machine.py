@@ -9,7 +9,7 @@ import platform
 import shutil
 from pathlib import Path
 
-__all__ = ["available_memory", "cpu_model", "format_bytes", "free_disk"]
+__all__ = ["available_memory", "cpu_model", "format_bytes", "free_disk", "memory_limit"]
 
 
 def cpu_model() -> str:
@@ -27,12 +27,35 @@ def cpu_model() -> str:
 def available_memory() -> int | None:
     """Bytes of memory a new allocation can get without swapping (``MemAvailable`` of
     ``/proc/meminfo``); None where the system does not say."""
+    return _meminfo("MemAvailable:")
+
+
+def memory_limit() -> int | None:
+    """The most memory this process can ever have: the machine's (``MemTotal``) or its
+    container's limit (cgroup v2, else v1), whichever is smaller; None when neither is known.
+    For "can never fit" refusals; ``available_memory`` is what is free now."""
+    known = [m for m in (_meminfo("MemTotal:"), _cgroup_limit()) if m]
+    return min(known) if known else None
+
+
+def _meminfo(field: str) -> int | None:
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
+            if line.startswith(field):
                 return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
+    return None
+
+
+def _cgroup_limit() -> int | None:
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < 2**60:  # v1 writes its "no limit" as ~2**63
+            return int(text)
     return None
 
 

@@ -24,11 +24,12 @@ from safetensors.torch import load_file
 
 from bloomline.common.errors import UserError
 from bloomline.common.file_kinds import require_regular_file
+from bloomline.common.machine import format_bytes, memory_limit
 from bloomline.trainer.hf.bloom_config import HFInteropError, read_model_config
 from bloomline.trainer.hf.bloom_names import PREFIX, check_tensors, from_hf_state_dict
 from bloomline.trainer.model import ModelConfig
 
-__all__ = ["check_model_size", "import_hf", "machine_memory_bytes", "weight_files"]
+__all__ = ["check_model_size", "import_hf", "weight_files"]
 
 # the weight files transformers writes, in the order it looks for them
 _WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
@@ -80,45 +81,6 @@ def weight_files(directory: str | os.PathLike) -> tuple[Path, list[Path]]:
     raise UserError(f"{directory}: no weights found (looked for {', '.join(_WEIGHT_FILES)})")
 
 
-def _memory_from_meminfo() -> int | None:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
-def _cgroup_limit() -> int | None:
-    """This process's memory limit in a container (cgroup v2, else v1), or None."""
-    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
-        try:
-            text = Path(path).read_text().strip()
-        except OSError:
-            continue
-        if text.isdigit() and int(text) < 2**60:  # v1 writes its "no limit" as ~2**63
-            return int(text)
-    return None
-
-
-def machine_memory_bytes() -> int | None:
-    """The memory this process can have at most: the machine's (MemTotal) or its container's
-    limit, whichever is smaller; None when neither is known."""
-    known = [m for m in (_memory_from_meminfo(), _cgroup_limit()) if m]
-    return min(known) if known else None
-
-
-def _size(n: int | float) -> str:
-    for unit, scale in (("PiB", 2**50), ("TiB", 2**40), ("GiB", _GIB), ("MiB", 2**20)):
-        if n >= scale:
-            return f"{n / scale:.3g} {unit}" if n / scale < 1e6 else f"{n / scale:.2e} {unit}"
-    return f"{n:.0f} bytes"
-
-
 def _count(n: int) -> str:
     return f"{n:,}" if n < 10**15 else f"{n:.2e}"
 
@@ -135,15 +97,16 @@ def check_model_size(directory: str | os.PathLike, cfg: ModelConfig) -> None:
         raise HFInteropError(
             f"{directory / 'config.json'}: describes {_count(params)} parameters (vocab_size "
             f"{cfg.vocab_size}, hidden_size {cfg.hidden_size}, n_layer {cfg.num_layers}), more "
-            f"than {source.name}'s {_size(stored)} of weights can hold; the config is not "
+            f"than {source.name}'s {format_bytes(stored)} of weights can hold; the config is not "
             "this model's")
     needed = params * _LOADED_BYTES_PER_WEIGHT
-    memory = machine_memory_bytes()
+    memory = memory_limit()
     if memory is not None and needed > memory:
         raise UserError(
-            f"{directory}: loading its {_count(params)}-parameter model needs {_size(needed)} "
-            f"(fp32, whole, in every process), more than this machine's {_size(memory)} of "
-            "memory; start from it on a machine with more memory")
+            f"{directory}: loading its {_count(params)}-parameter model needs "
+            f"{format_bytes(needed)} (fp32, whole, in every process), more than this "
+            f"machine's {format_bytes(memory)} of memory; start from it on a machine with more "
+            "memory")
 
 
 def _load_weight_file(path: Path) -> dict[str, torch.Tensor]:
