@@ -24,9 +24,11 @@ from dataclasses import dataclass
 
 import torch
 
+from bloomline.common.errors import UserError
+from bloomline.common.machine import format_bytes, memory_limit
 from bloomline.trainer.config_rules import pipeline_microbatches
 from bloomline.trainer.kernels.cpu.vector_math import warm_vector_math
-from bloomline.trainer.model import GPT, build_model
+from bloomline.trainer.model import GPT, ModelConfig, build_model
 from bloomline.trainer.optim import build_optimizer
 from bloomline.trainer.parallel import parallelize
 from bloomline.trainer.parallel.zero_engine import uses_buffers_engine
@@ -35,7 +37,7 @@ from bloomline.trainer.run_spec import RunSpec
 from bloomline.trainer.step import PlainRunner, StepRunner
 from bloomline.trainer.step.sample_forward import loss_functions
 
-__all__ = ["BuiltRun", "build_run"]
+__all__ = ["BuiltRun", "build_run", "check_model_fits"]
 
 TENSORS = ("real", "meta", "fake")
 
@@ -59,6 +61,26 @@ class BuiltRun:
     runner: StepRunner
 
 
+def check_model_fits(model: ModelConfig, device: torch.device) -> None:
+    """Refuse, in one line and before allocating, a model whose whole fp32 initialization
+    (every rank builds the whole model from the seed, then keeps its shards) cannot fit in
+    ``device``'s memory at all: a config with a typo'd size would otherwise die in the
+    allocator (a MemoryError traceback, or the kernel's out-of-memory kill)."""
+    needed = model.num_parameters() * 4
+    if device.type == "cuda":
+        limit, where = torch.cuda.mem_get_info(device)[1], f"{device}'s memory"
+    elif device.type == "cpu":
+        limit, where = memory_limit(), "this machine's memory"
+    else:
+        return
+    if limit is not None and needed > limit:
+        raise UserError(
+            f"model: {model.num_parameters():,} parameters (hidden_size {model.hidden_size}, "
+            f"num_layers {model.num_layers}, vocab_size {model.vocab_size}) need "
+            f"{format_bytes(needed)} to initialize in fp32, more than {where} "
+            f"({format_bytes(limit)}); check the model's sizes")
+
+
 def build_run(spec: RunSpec, mesh, device: torch.device, tensors: str = "real") -> BuiltRun:
     """Build this rank's run of ``spec`` on ``mesh`` (``parallel.build_mesh``; None for one
     process) with parameters on ``device`` (see the module docstring for ``tensors``)."""
@@ -67,6 +89,7 @@ def build_run(spec: RunSpec, mesh, device: torch.device, tensors: str = "real") 
     cfg, layout = spec.config, spec.layout
     if tensors == "real":
         warm_vector_math()  # before any computation: a resume repeats the run bit for bit
+        check_model_fits(cfg.model, device)
         torch.manual_seed(cfg.train.seed)
         model = build_model(cfg.model, device, seed=cfg.train.seed)
     elif tensors == "meta":
