@@ -101,6 +101,7 @@ class OutputLock:
     def __init__(self, output: str | os.PathLike, wait: bool = False,
                  sidecar: str | os.PathLike | None = None) -> None:
         self.path = lock_path(output) if sidecar is None else Path(os.path.abspath(sidecar))
+        self._remove = sidecar is None  # a sidecar the caller named is the caller's to keep
         self._key = (self.path, threading.get_ident())
         held = _HELD.get(self._key)
         if held is None:
@@ -121,8 +122,9 @@ class OutputLock:
         if held[0] is None:
             return
         try:
-            with contextlib.suppress(FileNotFoundError):
-                self.path.unlink()  # while still locked: see the module docstring
+            if self._remove:
+                with contextlib.suppress(FileNotFoundError):
+                    self.path.unlink()  # while still locked: see the module docstring
         finally:
             os.close(held[0])
 
@@ -134,7 +136,8 @@ def output_lock(output: str | os.PathLike, wait: bool = False,
 
     ``wait``: block until the holder is done instead of refusing, for outputs that every
     process builds identically and then reads (the index cache: one builds, the others wait
-    and reuse it). ``sidecar``: the lock file, where not ``DIR/.NAME.lock``.
+    and reuse it). ``sidecar``: the lock file, where not ``DIR/.NAME.lock``; it stays after
+    the block (the index cache keeps its lock files in ``.locks/``).
     """
     lock = OutputLock(output, wait, sidecar)
     try:
