@@ -124,3 +124,13 @@ def test_waiting_lock_serialises_threads_of_one_process(tmp_path):
         order.append("first")
     thread.join(timeout=30)
     assert order == ["first", "second"] and sidecar.exists()  # a named sidecar stays
+
+
+def test_a_fifo_in_place_of_the_sidecar_is_refused_without_blocking(tmp_path):
+    """Bug: a FIFO put where the lock file goes making every writer of the output hang in
+    open() forever."""
+    prefix = tmp_path / "web"
+    os.mkfifo(lock_path(prefix))
+    with pytest.raises(UserError, match=r"\.web\.lock: the lock of .* is a FIFO"):
+        with output_lock(prefix):
+            pass

@@ -28,11 +28,13 @@ import contextlib
 import errno
 import fcntl
 import os
+import stat
 import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from bloomline.common.errors import UserError
+from bloomline.common.file_kinds import describe_kind
 
 __all__ = ["OutputLock", "lock_path", "output_lock", "output_locks"]
 
@@ -65,7 +67,13 @@ def _acquire(output: str | os.PathLike, path: Path, wait: bool) -> tuple[int, Pa
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        # non-blocking open, then checked: a FIFO put there would block the open forever
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK, 0o644)
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            os.close(fd)
+            raise UserError(f"{path}: the lock of {output} is {describe_kind(mode)}, not a "
+                            "regular file; remove it yourself")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
