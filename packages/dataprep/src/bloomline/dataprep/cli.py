@@ -115,6 +115,7 @@ def tokenize(
 ) -> None:
     """Tokenize corpora into Megatron-compatible NAME.bin/NAME.idx."""
     output = _output_prefix(output)
+    shard_part = parse_shard(shard) if shard is not None else None  # refused before the lock
     # one writer per output for the whole run: the token files, then their records
     with output_locks(output_prefixes(output, json_key).values()):
         summary = tokenize_corpus(
@@ -122,7 +123,7 @@ def tokenize(
             append_eod=append_eod, overwrite=overwrite, skip_bad_lines=skip_bad_lines,
             txt_per_line=txt_per_line,
             max_chunk_bytes=max(1, int(chunk_mb * (1 << 20))), show_progress=not quiet,
-            eod_token=eod_token, shard=parse_shard(shard) if shard is not None else None,
+            eod_token=eod_token, shard=shard_part,
             ray_address=ray, max_document_bytes=max(1, int(max_document_mb * (1 << 20))))
     for message in summary.skipped_messages:
         typer.echo(f"skipped: {message}", err=True)
