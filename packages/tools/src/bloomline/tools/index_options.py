@@ -35,7 +35,8 @@ _OPTIONS = [
     inspect.Parameter("seed", _KW, annotation=int, default=typer.Option(
         1234, help="Seed of the shuffles (Megatron's --seed).")),
     inspect.Parameter("weight", _KW, annotation=list[str], default=typer.Option(
-        None, help="NAME=W blend weight, one per dataset (default: by size, one epoch each).")),
+        None, help="NAME=W blend weight, one per dataset; 0 leaves the dataset out (default: "
+        "by size, one epoch each).")),
     inspect.Parameter("cache_dir", _KW, annotation=str, default=typer.Option(
         None, help="Index cache (default: CORPUS_DIR/.index).")),
     inspect.Parameter("surplus", _KW, annotation=float, default=typer.Option(
