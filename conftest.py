@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import subprocess
@@ -135,3 +137,20 @@ def tiny_tiktoken(tmp_path_factory) -> Path:
     words = sorted({w for line in _training_lines() for w in line.split()})
     ranks = tiktoken_ranks([f" {w}" for w in words] + words)
     return write_tiktoken_file(tmp_path_factory.mktemp("tiktoken") / "r50k_base.tiktoken", ranks)
+
+
+@contextlib.contextmanager
+def held_elsewhere(output, pid: int = 4242):
+    """The output lock of ``output`` (``bloomline.common.output_lock``) as another writer
+    holds it: its own descriptor, its pid in the lock file, for tests of the refusal."""
+    from bloomline.common.output_lock import lock_path
+
+    path = lock_path(output)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.write(fd, f"{pid}\n".encode())
+        yield
+    finally:
+        os.close(fd)

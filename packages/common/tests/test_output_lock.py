@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import os
 import signal
@@ -14,20 +13,7 @@ import pytest
 
 from bloomline.common.errors import UserError
 from bloomline.common.output_lock import lock_path, output_lock, output_locks
-
-
-@contextlib.contextmanager
-def held_elsewhere(output, pid=4242):
-    """The lock of ``output`` as another writer holds it: its own descriptor, its pid."""
-    path = lock_path(output)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        os.write(fd, f"{pid}\n".encode())
-        yield
-    finally:
-        os.close(fd)
+from conftest import held_elsewhere
 
 
 def test_second_writer_of_an_output_is_refused_naming_the_holder(tmp_path):

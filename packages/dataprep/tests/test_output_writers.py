@@ -3,37 +3,20 @@
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import importlib
 import json
-import os
 import sys
 
 import numpy as np
 import pytest
 
 from bloomline.common.errors import UserError
-from bloomline.common.output_lock import lock_path
 from bloomline.dataprep import IndexedDatasetWriter, tokenize_corpus, train_tokenizer
 from bloomline.dataprep import cli as dataprep_cli
-from conftest import _training_lines
+from conftest import _training_lines, held_elsewhere
 
 tokenize_module = importlib.import_module("bloomline.dataprep.tokenize_corpus")
 
-
-@contextlib.contextmanager
-def held_elsewhere(output, pid=4242):
-    """The lock of ``output`` as another writer holds it: its own descriptor, its pid."""
-    path = lock_path(output)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        os.write(fd, f"{pid}\n".encode())
-        yield
-    finally:
-        os.close(fd)
 
 
 @pytest.fixture

@@ -2,30 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import os
-
 import pytest
 
-from bloomline.common.output_lock import lock_path
+from conftest import held_elsewhere
 
 
 def _args(corpus_dir, out, cache, *more):
     return ["plot", corpus_dir, "--out", out, "--seq-length", 16, "--train-samples", 50,
             "--split", "90,10", "--cache-dir", cache, *more]
 
-
-@contextlib.contextmanager
-def held_elsewhere(output, pid=4242):
-    """The lock of ``output`` as another writer holds it: its own descriptor, its pid."""
-    fd = os.open(lock_path(output), os.O_RDWR | os.O_CREAT)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        os.write(fd, f"{pid}\n".encode())
-        yield
-    finally:
-        os.close(fd)
 
 
 def _checkpoint(folder):

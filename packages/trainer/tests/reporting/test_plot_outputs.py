@@ -3,28 +3,13 @@ writer of an image at a time."""
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
-import os
 
 import pytest
 
 from bloomline.common.errors import UserError
-from bloomline.common.output_lock import lock_path
 from bloomline.trainer.reporting.plot import plot_run
-
-
-@contextlib.contextmanager
-def held_elsewhere(output, pid=4242):
-    """The lock of ``output`` as another writer holds it: its own descriptor, its pid."""
-    fd = os.open(lock_path(output), os.O_RDWR | os.O_CREAT)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        os.write(fd, f"{pid}\n".encode())
-        yield
-    finally:
-        os.close(fd)
+from conftest import held_elsewhere
 
 
 @pytest.fixture
