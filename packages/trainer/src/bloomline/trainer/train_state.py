@@ -17,13 +17,35 @@ import math
 from dataclasses import dataclass, field
 
 from bloomline.common.errors import UserError
-from bloomline.trainer.survival.sample_skips import range_problems
 
-__all__ = ["TrainState"]
+__all__ = ["TrainState", "range_problems"]
 
 # the counters of trainer_state.json: ints >= 0
 _COUNTERS = ("step", "consumed_samples", "consumed_tokens", "skipped_steps", "bad_in_row",
              "rollbacks")
+
+
+# skip ranges' schema here, not in survival/sample_skips.py: checkpoint/ checks them and
+# survival/ imports checkpoint/
+def _count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def range_problems(value, field: str) -> list[str]:
+    """Why ``value`` (read from a file: a checkpoint's trainer state, ``RUN/rollbacks.json``)
+    is not a list of ``[start, end]`` sample positions with ``0 <= start < end``; empty when
+    it is. ``field`` names it in the lines. A negative start would skip from before the
+    data's first sample (a run once jumped past its end having trained nothing), an
+    inverted one nothing at all."""
+    if not isinstance(value, list):
+        return [f"{field}: {value!r} is not a list of [start, end] ranges"]
+    problems = []
+    for i, pair in enumerate(value):
+        if not (isinstance(pair, list) and len(pair) == 2 and all(map(_count, pair))
+                and pair[0] < pair[1]):
+            problems.append(f"{field}[{i}]: {pair!r} is not a range [start, end] of sample "
+                            "positions with 0 <= start < end")
+    return problems
 
 
 @dataclass

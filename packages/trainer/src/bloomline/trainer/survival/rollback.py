@@ -24,8 +24,9 @@ from bloomline.common.errors import UserError
 from bloomline.common.file_kinds import open_regular
 from bloomline.trainer import checkpoint as ckpt
 from bloomline.trainer.curriculum import global_batch_size
-from bloomline.trainer.survival.sample_skips import SkipRanges, range_problems
+from bloomline.trainer.survival.sample_skips import SkipRanges
 from bloomline.trainer.survival.spikes import SpikeFinding
+from bloomline.trainer.train_state import range_problems
 
 __all__ = ["ROLLBACKS_FILE", "Rollback", "append_rollback", "read_rollbacks", "skip_range",
            "skips_in_force"]

@@ -14,28 +14,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable, Iterator
 
-__all__ = ["SkipRanges", "range_problems"]
-
-
-def _count(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def range_problems(value, field: str) -> list[str]:
-    """Why ``value`` (read from a file: a checkpoint's trainer state, ``RUN/rollbacks.json``)
-    is not a list of ``[start, end]`` sample positions with ``0 <= start < end``; empty when
-    it is. ``field`` names it in the lines. A negative start would skip from before the
-    data's first sample (a run once jumped past its end having trained nothing), an
-    inverted one nothing at all."""
-    if not isinstance(value, list):
-        return [f"{field}: {value!r} is not a list of [start, end] ranges"]
-    problems = []
-    for i, pair in enumerate(value):
-        if not (isinstance(pair, list) and len(pair) == 2 and all(map(_count, pair))
-                and pair[0] < pair[1]):
-            problems.append(f"{field}[{i}]: {pair!r} is not a range [start, end] of sample "
-                            "positions with 0 <= start < end")
-    return problems
+__all__ = ["SkipRanges"]
 
 
 class SkipRanges:
