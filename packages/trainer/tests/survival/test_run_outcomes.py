@@ -105,9 +105,10 @@ def test_skips_over_trained_samples_are_refused_at_resume(corpus, tmp_path):
 def test_a_signal_before_the_first_step_stops_at_once():
     """Bug: a stop signal while the run was still opening its data only set a flag, so a run
     stuck in open() (a FIFO in the index cache) ignored SIGTERM and SIGINT for 17 minutes:
-    before training the handler must raise (interrupting the blocked call), after
+    in a run's setup the handler must raise (interrupting the blocked call), after
     ``begin_training`` it must only ask for a checkpoint."""
     stops = StopRequests()
+    stops.begin_setup()
     stops.install()
     try:
         with pytest.raises(StoppedBeforeTrainingError, match="received SIGTERM before the "

@@ -57,7 +57,8 @@ class StopRequests:
         self.max_wallclock = max_wallclock
         self.started = time.monotonic()
         self.signal: int | None = None
-        self.training = False  # set by ``begin_training``: signals then wait for the step
+        # a run's setup (``begin_setup`` .. ``begin_training``): a signal stops it at once
+        self.in_setup = False
         self._previous: dict[int, object] = {}
 
     def install(self) -> None:
@@ -78,12 +79,17 @@ class StopRequests:
             signal.signal(sig, handler)
         self._previous.clear()
 
+    def begin_setup(self) -> None:
+        """Until ``begin_training``, a signal stops the run at once (there is no step to
+        finish and nothing to save)."""
+        self.in_setup = True
+
     def begin_training(self) -> None:
         """From the first step on, a signal asks for a checkpoint after the current step."""
-        self.training = True
+        self.in_setup = False
 
     def _on_signal(self, signum, frame) -> None:  # noqa: ARG002 - signal handler signature
-        if not self.training:
+        if self.in_setup:
             # raised in the main thread wherever it is, a blocking open() or read included
             # (Python retries those after running the handler, unless it raises)
             raise StoppedBeforeTrainingError(

@@ -49,6 +49,7 @@ class RunGuard:
         it), then catch the stop signals and start the watchdog (which times nothing before:
         a save outside a run leaves no file behind)."""
         self.lock.acquire()
+        self.stops.begin_setup()  # the loop's first step calls begin_training
         self.stops.install()
         self.watchdog.start()
 
