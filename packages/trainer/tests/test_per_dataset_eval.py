@@ -26,6 +26,7 @@ import torch
 from trainer_fixtures import tiny_config
 
 from bloomline.dataprep.indexed_dataset import IndexedDatasetWriter
+from bloomline.trainer.checkpoint.manifest import MANIFEST, write_manifest
 from bloomline.trainer.data import TokenSamples, blend_of, open_splits, sample_sources
 from bloomline.trainer.loop import Trainer
 from bloomline.trainer.parallel.local_processes import run_distributed
@@ -263,6 +264,8 @@ def test_cli_evaluate_refuses_a_split_the_index_lacks(reference, tmp_path):
     shutil.copytree(reference["checkpoint"], checkpoint)
     config = checkpoint / "config.toml"
     config.write_text(config.read_text().replace('"80,10,10"', '"90,10,0"'))
+    (checkpoint / MANIFEST).unlink()  # rehashed: a checkpoint saved with that split
+    write_manifest(checkpoint, 4, is_writer=True)
     done = _cli(checkpoint, "--split", "test", ok=False)
     assert done.returncode != 0
     assert "Traceback" not in done.stderr

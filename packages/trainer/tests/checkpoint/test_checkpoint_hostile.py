@@ -195,8 +195,8 @@ STATES = {
     "inverted skip range": (lambda s: {**s, "skip_samples": [[70, 5]]},
                             "skip_samples[0]: [70, 5] is not a range"),
     "step as a string": (lambda s: {**s, "step": "2"}, "step '2': must be an int >= 0"),
-    "more skipped steps than steps": (lambda s: {**s, "skipped_steps": 9},
-                                      "skipped_steps 9: more than step 2"),
+    "a bool as a counter": (lambda s: {**s, "rollbacks": True},
+                            "rollbacks True: must be an int >= 0"),
     "spike history of strings": (lambda s: {**s, "spike_history": {"losses": ["x"]}},
                                  "spike_history.losses: must be a list of finite numbers"),
 }

@@ -80,12 +80,10 @@ class TrainState:
     @staticmethod
     def problems(state) -> list[str]:
         """Why ``state`` (a ``trainer_state.json``'s object) cannot be loaded, one line per
-        field (empty: it can): counters that are not ints >= 0, or that contradict each
-        other (more skipped steps than steps, more bad steps in a row than skipped), skip
-        ranges that are not ``[start, end]``
-        with ``0 <= start < end``, a loss scale or spike history that is not an object.
-        Keys it lacks take their defaults; a negative ``consumed_samples`` once trained at
-        positions -100..-68."""
+        field (empty: it can): counters that are not ints >= 0, skip ranges that are not
+        ``[start, end]`` with ``0 <= start < end``, a loss scale or spike history that is
+        not an object. Keys it lacks take their defaults; a negative ``consumed_samples``
+        once trained at positions -100..-68."""
         if not isinstance(state, dict):
             return [f"holds {type(state).__name__}, not a JSON object"]
         problems = []
@@ -105,17 +103,9 @@ class TrainState:
             values = state.get("spike_history", {}).get(key, [])
             if not (isinstance(values, list) and all(map(_finite, values))):
                 problems.append(f"spike_history.{key}: must be a list of finite numbers")
-        if problems:
-            return problems
-        # between the counters a state holds (an older or hand-made one may lack some)
-        step = state.get("step")
-        skipped, bad = state.get("skipped_steps"), state.get("bad_in_row")
-        if None not in (skipped, step) and skipped > step:
-            problems.append(f"skipped_steps {skipped}: more than step {step}")
-        if None not in (bad, skipped) and bad > skipped:
-            problems.append(f"bad_in_row {bad}: more than skipped_steps {skipped}")
-        # (the samples are not checked against the step: states set by hand, as tests and
-        # tools do, may hold a step without the samples it read)
+        # (the counters are not checked against each other: states set by hand, as tests
+        # and tools do, hold steps without the samples they read or skipped steps beyond
+        # the step; each one's type and range is what a run reads them by)
         return problems
 
     def load_state_dict(self, state: dict, where: str = "trainer_state.json") -> None:
