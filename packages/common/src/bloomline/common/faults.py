@@ -19,7 +19,8 @@ Each fault is ``ACTION@POINT`` followed by ``:KEY=VALUE`` conditions, all of whi
   sends, what Ctrl-C sends), ``hang`` (sleep forever: a stuck collective or a dead NFS
   mount), ``exit`` (``os._exit(99)``), ``error`` (raises ``RuntimeError``: an unexpected
   exception, a bug), ``enospc`` (raises ``OSError(ENOSPC)``, as a write to a full disk does),
-  and the trainer's ``spike``;
+  and the trainer's ``spike`` and ``lose`` (carried out by the code at their points: see
+  ``bloomline.trainer.survival.faults``);
 - conditions: ``rank`` (the global RANK), ``attempt`` (torchrun's restart count, 0 on the first
   start), ``once=PATH`` (fires only in the first process to create PATH: a fault that a retry
   of the same work must survive), and any keyword the point passes (``step``, ``chunk``).
@@ -39,7 +40,9 @@ from functools import cache
 __all__ = ["active_faults", "condition_holds", "fire"]
 
 _VARIABLE = "BLOOMLINE_FAULTS"
-_ACTIONS = ("kill", "term", "usr1", "int", "hang", "exit", "error", "enospc", "spike")
+_ACTIONS = ("kill", "term", "usr1", "int", "hang", "exit", "error", "enospc", "spike", "lose")
+# actions the code at the point carries out itself (``fire`` leaves them alone)
+_HANDLED_AT_POINT = ("spike", "lose")
 _SIGNALS = {"term": signal.SIGTERM, "usr1": signal.SIGUSR1, "int": signal.SIGINT}
 
 
@@ -82,7 +85,7 @@ def condition_holds(where: dict[str, str], context: dict) -> bool:
 def fire(point: str, **context) -> None:
     """Carry out the faults configured for ``point`` whose conditions hold here."""
     for action, at, where in active_faults():
-        if at != point or action == "spike" or not condition_holds(where, context):
+        if at != point or action in _HANDLED_AT_POINT or not condition_holds(where, context):
             continue
         if "once" in where and not _first_to_claim(where["once"]):
             continue
