@@ -9,7 +9,7 @@ through the command line, torchrun, a process pool or a Ray cluster::
 
 Each fault is ``ACTION@POINT`` followed by ``:KEY=VALUE`` conditions, all of which must hold:
 
-- points: the trainer's ``step``, ``save`` and ``batch`` (see
+- points: the trainer's ``step``, ``save``, ``batch``, ``grad`` and ``param`` (see
   ``bloomline.trainer.survival.faults``); dataprep's ``chunk`` (a worker about to tokenize
   chunk ``chunk``), ``shard`` (a worker that has written chunk ``chunk``'s shard, before
   closing it) and ``splice`` (the main process about to append chunk ``chunk`` to the
@@ -19,8 +19,8 @@ Each fault is ``ACTION@POINT`` followed by ``:KEY=VALUE`` conditions, all of whi
   sends, what Ctrl-C sends), ``hang`` (sleep forever: a stuck collective or a dead NFS
   mount), ``exit`` (``os._exit(99)``), ``error`` (raises ``RuntimeError``: an unexpected
   exception, a bug), ``enospc`` (raises ``OSError(ENOSPC)``, as a write to a full disk does),
-  and the trainer's ``spike`` and ``lose`` (carried out by the code at their points: see
-  ``bloomline.trainer.survival.faults``);
+  and the trainer's ``spike``, ``lose`` and ``bitflip`` (carried out by the code at their
+  points: see ``bloomline.trainer.survival.faults``);
 - conditions: ``rank`` (the global RANK), ``attempt`` (torchrun's restart count, 0 on the first
   start), ``once=PATH`` (fires only in the first process to create PATH: a fault that a retry
   of the same work must survive), and any keyword the point passes (``step``, ``chunk``).
@@ -40,9 +40,10 @@ from functools import cache
 __all__ = ["active_faults", "condition_holds", "fire"]
 
 _VARIABLE = "BLOOMLINE_FAULTS"
-_ACTIONS = ("kill", "term", "usr1", "int", "hang", "exit", "error", "enospc", "spike", "lose")
+_ACTIONS = ("kill", "term", "usr1", "int", "hang", "exit", "error", "enospc", "spike", "lose",
+            "bitflip")
 # actions the code at the point carries out itself (``fire`` leaves them alone)
-_HANDLED_AT_POINT = ("spike", "lose")
+_HANDLED_AT_POINT = ("spike", "lose", "bitflip")
 _SIGNALS = {"term": signal.SIGTERM, "usr1": signal.SIGUSR1, "int": signal.SIGINT}
 
 
