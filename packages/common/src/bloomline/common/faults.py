@@ -17,13 +17,16 @@ Each fault is ``ACTION@POINT`` followed by ``:KEY=VALUE`` conditions, all of whi
 - actions: ``kill`` (SIGKILL to this process: no handler, no cleanup, like a node failure),
   ``term`` / ``usr1`` / ``int`` (SIGTERM / SIGUSR1 / SIGINT to this process: what SLURM
   sends, what Ctrl-C sends), ``hang`` (sleep forever: a stuck collective or a dead NFS
-  mount), ``exit`` (``os._exit(99)``), ``error`` (raises ``RuntimeError``: an unexpected
+  mount), ``delay`` (sleep ``seconds``, then go on: a slow rank, a straggler), ``stop``
+  (SIGSTOP to this process: frozen, as by a debugger or a paused container, until someone
+  sends SIGCONT), ``exit`` (``os._exit(99)``), ``error`` (raises ``RuntimeError``: an unexpected
   exception, a bug), ``enospc`` (raises ``OSError(ENOSPC)``, as a write to a full disk does),
   and the trainer's ``spike``, ``lose`` and ``bitflip`` (carried out by the code at their
   points: see ``bloomline.trainer.survival.faults``);
 - conditions: ``rank`` (the global RANK), ``attempt`` (torchrun's restart count, 0 on the first
   start), ``once=PATH`` (fires only in the first process to create PATH: a fault that a retry
   of the same work must survive), and any keyword the point passes (``step``, ``chunk``).
+  ``seconds=S`` is not a condition but ``delay``'s length (default 1).
 
 With the variable unset, each call is one dictionary lookup: the points stay in the product
 code at no cost.
@@ -40,8 +43,10 @@ from functools import cache
 __all__ = ["active_faults", "condition_holds", "fire"]
 
 _VARIABLE = "BLOOMLINE_FAULTS"
-_ACTIONS = ("kill", "term", "usr1", "int", "hang", "exit", "error", "enospc", "spike", "lose",
-            "bitflip")
+_ACTIONS = ("kill", "term", "usr1", "int", "hang", "delay", "stop", "exit", "error", "enospc",
+            "spike", "lose", "bitflip")
+# a fault's settings, which are no condition on where it fires
+_SETTINGS = ("once", "seconds")
 # actions the code at the point carries out itself (``fire`` leaves them alone)
 _HANDLED_AT_POINT = ("spike", "lose", "bitflip")
 _SIGNALS = {"term": signal.SIGTERM, "usr1": signal.SIGUSR1, "int": signal.SIGINT}
@@ -80,7 +85,7 @@ def condition_holds(where: dict[str, str], context: dict) -> bool:
     here = {"rank": os.environ.get("RANK", "0"),
             "attempt": os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"),
             **{key: str(value) for key, value in context.items()}}
-    return all(here.get(key) == value for key, value in where.items() if key != "once")
+    return all(here.get(key) == value for key, value in where.items() if key not in _SETTINGS)
 
 
 def fire(point: str, **context) -> None:
@@ -96,6 +101,10 @@ def fire(point: str, **context) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
         elif action in _SIGNALS:
             os.kill(os.getpid(), _SIGNALS[action])
+        elif action == "delay":
+            time.sleep(float(where.get("seconds", 1.0)))
+        elif action == "stop":
+            os.kill(os.getpid(), signal.SIGSTOP)
         elif action == "hang":
             while True:
                 time.sleep(3600)
