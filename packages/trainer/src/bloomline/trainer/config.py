@@ -217,6 +217,14 @@ class WatchdogConfig:
     startup_seconds: float = ranged(1800.0, gt=0, le=1e8)
     """Limit for the first steps (compilation, warm-up), evaluations and checkpoints. The
     limits are timers: to have none, set watchdog.enabled false."""
+    silent_seconds: float = ranged(60.0, ge=0, le=1e8)
+    """Name a rank that has not answered for this many seconds (its heartbeat, published
+    every silent_seconds/10 s, at most 1 s, into torchrun's store, stopped: a stopped, dead or
+    frozen process), or that has stayed this long in one part of a step while other ranks are
+    past it (they wait for it): rank 0 says which rank, its host and pid, on the console and
+    in metrics.jsonl, long before the collective times out (NCCL: 10 min, gloo: 30 min) or
+    floor_seconds ends the step. Nothing stops: the run goes on if the rank answers again.
+    Keep it above the longest part of a step. 0: no heartbeat (independent of enabled)."""
 
 
 @dataclass
@@ -245,6 +253,15 @@ class MonitorConfig:
     wandb_mode: str = ranged("auto", choices=("auto", "online", "offline"))
     """online (upload as it runs), offline (files in RUN/wandb, uploaded later with wandb
     sync), or auto (the WANDB_MODE environment variable, else online)."""
+    straggler_factor: float = ranged(1.5, ge=0, le=1000)
+    """At each log step, name a rank (with its host and pid, on the console and as a straggler
+    record in metrics.jsonl) that fell behind the other ranks in a part of the step (data
+    wait, forward, backward, the reductions, the optimizer) and spent more than this many
+    times the ranks' median time there, over the log interval. 0: name nobody (the train
+    record still has each part's median and maximum time)."""
+    straggler_min_seconds: float = ranged(0.05, ge=0, le=1e6)
+    """...and fell behind by at least this many seconds per step (noise on short steps, a
+    rank 0 that logs, is not named)."""
 
 
 @dataclass
