@@ -76,6 +76,11 @@ def _assert_rolled_back_once_like_b(root: Path, result: dict) -> None:
     assert event["reason"] == "loss spike" and event["skip"] == SKIP
     assert event["value"] > event["threshold"] > event["baseline"]
     assert result["rollbacks"] == 1 and result["skips_a"] == result["skips_b"] == [SKIP]
+    # the spike was computed again before the rollback, gave the same bits, blamed the data
+    [recompute] = _records(root / "a", "recompute")
+    assert recompute["step"] == SPIKE_STEP and recompute["outcome"] == "recurred"
+    assert recompute["first"] == recompute["recomputed"]
+    assert not _records(root / "a", "suspect_hardware")
     losses_a, losses_b = _last_per_step(root / "a"), _last_per_step(root / "b")
     assert losses_a == losses_b  # bitwise: fp32 on CPU, the same kernels in the same order
     # the run got shorter by the skipped samples: 30 steps of 4 less 4 skipped batches
@@ -88,10 +93,16 @@ def test_spike_rolls_back_once_and_continues_like_a_run_told_to_skip(corpus, tmp
     again after the rollback), a rollback that keeps the spiked weights or optimizer moments,
     loses the detector's history (the next steps judged differently) or skips other samples
     than it records: the continued run must equal, bitwise, a run given the recorded skip range
-    from the start, and the event must be in metrics.jsonl, RUN/rollbacks.json and the log."""
+    from the start, and the event must be in metrics.jsonl, RUN/rollbacks.json and the log.
+    Also a data spike blamed on the hardware: its recompute must recur, bitwise, and say so
+    before the rollback."""
     result = _run_pair(corpus, str(tmp_path), {})
     _assert_rolled_back_once_like_b(tmp_path, result)
     [line] = [line for line in result["lines"] if "rolled back" in line]
+    recomputed = result["lines"].index(line) - 1
+    assert result["lines"][recomputed].startswith(
+        f"step {SPIKE_STEP}: the loss spike (") and result["lines"][recomputed].endswith(
+        "recurred on recompute, bitwise: the data, not the hardware")
     assert line.startswith(f"step {SPIKE_STEP}: loss spike: ") and (
         f"rolled back to step_{CHECKPOINT_STEP:08d} (step {CHECKPOINT_STEP}) and skipping "
         f"train samples [{SKIP[0]}, {SKIP[1]})") in line, line

@@ -203,6 +203,13 @@ class SpikeConfig:
     """Batches after the spike step to skip as well (PaLM skipped 200-500 around a spike)."""
     max_rollbacks: int = ranged(5, ge=0)
     """Stop, with the reason, instead of rolling back more than this many times in a run."""
+    recompute: bool = True
+    """Before rolling back from a spike or a non-finite loss, compute the step again on the
+    same samples (before the optimizer steps): the same result blames the data (the rollback
+    follows); another names the ranks whose own results differ as suspect hardware (console,
+    metrics.jsonl, RUN/suspect_hosts.txt) and goes on with the recomputed step. Costs one
+    step per suspect step, and at dp > 1 on the buffers engine a read of each gradient bucket
+    before its reduction."""
 
 
 @dataclass
@@ -239,6 +246,11 @@ class MonitorConfig:
     peak, else measured at start-up (best of several tries, before the loader workers start)
     and cached per machine and dtype in RUN/peak_flops.json, measured again if a step beats
     it; a number: use it as given. RUN/config.toml records the value used."""
+    fingerprint_interval: int = ranged(100, ge=0)
+    """Every this many steps the data-parallel replicas compare a digest of the parameters
+    they must hold bitwise alike; a mismatch names the differing ranks (console,
+    metrics.jsonl; those outside a majority in RUN/suspect_hosts.txt). 0: off; nothing to
+    compare without dp, or under ZeRO-2/3 on FSDP2 (every replica holds another shard)."""
     wandb: bool = False
     """Also log to Weights & Biases (the wandb extra: pip install 'bloomline-trainer[wandb]'):
     the scalars TensorBoard gets, under the same names and steps, and the run's config; rank 0

@@ -40,11 +40,12 @@ from bloomline.trainer.malloc import tune_malloc
 from bloomline.trainer.model_source import load_initial_weights
 from bloomline.trainer.optim import learning_rate
 from bloomline.trainer.parallel import build_mesh, init_distributed, world_info
-from bloomline.trainer.parallel.zero_engine import describe_zero
+from bloomline.trainer.parallel.zero_engine import describe_zero, replicates_parameters
 from bloomline.trainer.reporting.clock import now
 from bloomline.trainer.reporting.monitor import RunMonitor
 from bloomline.trainer.run_checkpoints import RunCheckpoints
 from bloomline.trainer.run_spec import RunSpec, run_device, settle
+from bloomline.trainer.step.recompute import StepRecompute
 from bloomline.trainer.survival import faults
 from bloomline.trainer.survival.finite_weights import check_finite_weights
 from bloomline.trainer.survival.preemption import PREEMPTED_EXIT_CODE
@@ -52,6 +53,7 @@ from bloomline.trainer.survival.rollback import ROLLBACKS_FILE, Rollback, skips_
 from bloomline.trainer.survival.run_folder import check_start_point, write_run_tokenizer
 from bloomline.trainer.survival.run_guard import RunGuard
 from bloomline.trainer.survival.sample_skips import SkipRanges
+from bloomline.trainer.survival.silent_errors import SilentErrors
 from bloomline.trainer.train_state import TrainState
 
 __all__ = ["Trainer", "resolve_device"]
@@ -108,6 +110,13 @@ class Trainer:
                                           self.precision, self.guard, self.is_main, self.log)
         self.rollback = Rollback(cfg, self.run_dir, self.checkpoints, self.monitor,
                                  self.layout.dp, self.is_main, self.log)
+        self.silent_errors = SilentErrors(
+            cfg, self.run_dir, self.guard.detector, self.layout,
+            list(self.model.named_parameters()), replicates_parameters(cfg, self.layout.dp),
+            self.precision.scaler is not None, self.device, self.monitor.write, self.log,
+            self.is_main)
+        if cfg.spike.recompute:  # a suspect step is computed again before the optimizer step
+            self.runner.recompute = StepRecompute(self.runner, self.silent_errors)
 
     # -- one optimizer step ---------------------------------------------------------------
     def train_step(self, micro_batches: list[torch.Tensor], lr: float,
@@ -268,8 +277,10 @@ class Trainer:
             lr = learning_rate(*schedule_progress(cfg, state), cfg.optimizer, cfg.schedule)
             stats = monitor.wants_activation_stats(step)
             faults.fire("step", step=step)
+            self.silent_errors.begin(step)
             result = self.train_step(micro, lr, activation_stats=stats, sources=sources,
                                      num_sources=len(blend.names) if blend else 0)
+            self.silent_errors.end(step, result)  # names what a recompute or fingerprint found
             verdict = guard.judge(result)
             guard.watchdog.disarm(step_finished=True)
             self.checkpoints.raise_if_failed()  # a background save's failure ends the run now

@@ -225,6 +225,9 @@ class GradBuffers:
         # nobody says (a pipeline schedule), ZeRO-1 reduces at ``reduce()``
         self.sync = False
         self.started_in_backward = 0  # reductions launched by the hooks (overlapped), a count
+        # called with a bucket's [dp, S] buffer right before its reduction: this rank's own
+        # gradient, which the step's recompute digests (step/recompute.py); None: nothing
+        self.on_reduce: Callable[[torch.Tensor], None] | None = None
         self.buckets: list[Bucket] = []
         self._where: dict[torch.Tensor, tuple[Bucket, Region]] = {}
         seen: set[int] = set()
@@ -283,7 +286,7 @@ class GradBuffers:
         if bucket.pending == 0:
             bucket.pending = len(bucket.regions)
             if self.sharded_grads or self.sync:
-                bucket.start_reduce(self.group)
+                self._start_reduce(bucket)
                 self.started_in_backward += 1
                 if self.sharded_grads and not self.sync:
                     # a micro-batch before the last: its buffer is freed now, not at step end
@@ -293,12 +296,17 @@ class GradBuffers:
         """After the step's last backward: every bucket reduced (those not started yet are
         started, all are waited), then averaged over dp."""
         for bucket in self.buckets:
-            bucket.start_reduce(self.group)
+            self._start_reduce(bucket)
         for bucket in self.buckets:
             bucket.finish_reduce()
             bucket.pending = len(bucket.regions)
             if self.dp > 1:
                 bucket.shard.div_(self.dp)
+
+    def _start_reduce(self, bucket: Bucket) -> None:
+        if self.on_reduce is not None and bucket.work is None and bucket.buffer is not None:
+            self.on_reduce(bucket.buffer)
+        bucket.start_reduce(self.group)
 
     def zero(self) -> None:
         for bucket in self.buckets:

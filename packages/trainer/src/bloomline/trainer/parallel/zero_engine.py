@@ -5,7 +5,7 @@ config alone, so that the build, the planner and the run's first log line agree.
 
 from __future__ import annotations
 
-__all__ = ["describe_zero", "uses_buffers_engine"]
+__all__ = ["describe_zero", "replicates_parameters", "uses_buffers_engine"]
 
 
 def uses_buffers_engine(cfg, data_parallel: int) -> bool:
@@ -20,6 +20,16 @@ def uses_buffers_engine(cfg, data_parallel: int) -> bool:
     if p.zero_engine != "auto":
         return p.zero_engine == "buffers"
     return p.zero_stage in (1, 2) and cfg.precision.dtype in ("bf16", "fp32")
+
+
+def replicates_parameters(cfg, data_parallel: int) -> bool:
+    """Whether every data-parallel replica holds the model's parameters bitwise alike between
+    steps (what the replicas' fingerprints compare): DDP and ZeRO-1 on FSDP2 (each replica
+    the whole parameter), the buffers engine (its compute copies, gathered from the sharded
+    masters at each step); not ZeRO-2/3 on FSDP2 (each a different shard), nor one replica."""
+    if data_parallel <= 1:
+        return False
+    return uses_buffers_engine(cfg, data_parallel) or cfg.parallel.zero_stage <= 1
 
 
 def describe_zero(cfg, data_parallel: int) -> str:

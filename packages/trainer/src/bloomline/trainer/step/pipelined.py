@@ -132,7 +132,8 @@ class PipelinedRunner(StepRunner):
                            per_sample=sources is not None)
         for chunk in self.stages.chunks:
             chunk.set_activation_stats(False)
-        loss = dp_mean(losses.mean(), self.dp_group)
+        self.local_loss = losses.mean()  # the last stage's, as every stage has it
+        loss = dp_mean(self.local_loss, self.dp_group)
         totals = None
         if sources is not None:
             # zeros off the last stage: summed over dp everywhere, then the last stage's sent

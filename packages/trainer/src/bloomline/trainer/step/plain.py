@@ -56,7 +56,8 @@ class PlainRunner(StepRunner):
                 precision.scale(loss / count).backward()
             total += loss.detach()
         model.set_activation_stats(False)
-        loss = dp_mean(total / count, self.dp_group)
+        self.local_loss = total / count
+        loss = dp_mean(self.local_loss, self.dp_group)
         totals = None
         if sources is not None:
             totals = step_source_totals(torch.cat(per_sample), sources, num_sources,

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 import torch
 
+from bloomline.trainer.step.recompute import StepRecompute
 from bloomline.trainer.step.tail import finish_step, max_norm, set_learning_rate
 
 __all__ = ["StepRunner"]
@@ -36,6 +37,10 @@ class StepRunner(ABC):
         # gradients (reduced, clipped and stepped as this rank's owned rows); None: the
         # gradients are the parameters' ``.grad``
         self.distributed = optimizer if hasattr(optimizer, "reduce_gradients") else None
+        # this rank's loss before the data-parallel mean, set by ``forward_backward``
+        self.local_loss: torch.Tensor | None = None
+        # the recompute of suspect steps (``recompute.py``), set by the trainer; None: off
+        self.recompute: StepRecompute | None = None
 
     def train_step(self, micro_batches: list[torch.Tensor], lr: float,
                    activation_stats: bool = False, sources: torch.Tensor | None = None,
@@ -46,18 +51,48 @@ class StepRunner(ABC):
         per-layer readings (``tail.finish_step``). With ``sources`` (the dataset number of
         each of this rank's samples, in micro-batch order; ``data.sample_sources``)
         also ``source_totals``: per dataset of ``num_sources``, the sum of its samples' losses
-        and their count over the global batch (every dp rank's), from this step's forward."""
+        and their count over the global batch (every dp rank's), from this step's forward.
+        With ``recompute``, a suspect step is computed again before the optimizer steps, and
+        the result also holds ``recompute`` (what the two attempts gave)."""
         set_learning_rate(self.optimizer, lr)
+        recompute = self.recompute
+        if recompute is not None:
+            recompute.begin()
+        loss, totals, grad_norm = self._attempt(micro_batches, activation_stats, sources,
+                                                num_sources)
+        outcome = None
+        if recompute is not None:
+            redone = recompute.check(loss, grad_norm, lambda: self._attempt(
+                micro_batches, activation_stats, sources, num_sources))
+            if redone is not None:
+                (loss, totals, grad_norm), outcome = redone
+        result = finish_step(self.optimizer, self.precision.scaler, loss, grad_norm, totals,
+                             self.activation_stats if activation_stats else None)
+        if outcome is not None:
+            result["recompute"] = outcome
+        return result
+
+    def _attempt(self, micro_batches, activation_stats, sources, num_sources):
+        """The step up to its optimizer step: forward/backward, reductions, unscale, clip;
+        returns (loss, source totals, gradient norm)."""
         loss, totals = self.forward_backward(micro_batches, activation_stats, sources,
                                              num_sources)
+        if self.recompute is not None:
+            self.recompute.after_backward()
         if self.distributed is not None:
             self.distributed.reduce_gradients()  # data parallelism's, on the buffers engine
         self.reduce_gradients()
         if self.precision.scaler is not None:
             self.unscale()
-        grad_norm = self.clip_grad_norm(max_norm(self.clip_grad))
-        return finish_step(self.optimizer, self.precision.scaler, loss, grad_norm, totals,
-                           self.activation_stats if activation_stats else None)
+        return loss, totals, self.clip_grad_norm(max_norm(self.clip_grad))
+
+    def drop_gradients(self) -> None:
+        """Forget this step's gradients before it is computed again: every engine's
+        ``zero_grad`` (the buffers engine zeroes its buckets); an fp16 scaler forgets that it
+        unscaled them (its per-optimizer record, which ``update`` would reset)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.precision.scaler is not None:
+            self.precision.scaler._per_optimizer_states.pop(id(self.optimizer), None)
 
     @abstractmethod
     def forward_backward(self, micro_batches: list[torch.Tensor],
