@@ -7,6 +7,9 @@ weights written into its scratch folder, before the folder moves into place), an
 the vocabulary's last two ids in turn, which the data never contains (the model has learned to
 rule them out, and with tied embeddings it favours repeating the input token, so the loss
 jumps, like a garbage batch).
+
+The ``bitflip`` action at ``grad`` and ``param`` (silent data corruption: one flipped bit in
+a rank's gradient, transient, or in a parameter, persistent) is ``bit_flips.py``'s.
 """
 
 from __future__ import annotations
