@@ -177,6 +177,17 @@ class CheckpointConfig:
     async_: bool = False
     """Write checkpoints in the background (DCP async save): training goes on after the state
     is copied to host memory; the checkpoint counts once its manifest is written."""
+    snapshot_interval: int = ranged(10, ge=0)
+    """Every this many steps, copy each rank's training state into host memory on its own node
+    and on a peer node (in the background after a copy to a staging buffer); a job that
+    torchrun restarts after a failure (--max-restarts) goes on from the newest snapshot every
+    rank still has, without reading the checkpoints. Taken only where a restart can use it
+    (--max-restarts > 0). 0: off."""
+    snapshot_dir: str = path_field("/dev/shm")
+    """Where a node keeps snapshots: a tmpfs (host memory that outlives the processes)."""
+    snapshot_ranks_per_node: int = ranged(0, ge=0)
+    """Ranks per node for placing snapshot copies; 0: torchrun's (LOCAL_WORLD_SIZE). Lower
+    it only to make one machine's processes act as several nodes (tests)."""
 
 
 @dataclass

@@ -107,7 +107,8 @@ class Trainer:
         self.guard = RunGuard(cfg, self.run_dir, rank)
         # before any checkpoint is loaded: it records the config's optimizer hyper-parameters
         self.checkpoints = RunCheckpoints(cfg, self.run_dir, self.model, self.optimizer,
-                                          self.precision, self.guard, self.is_main, self.log)
+                                          self.precision, self.guard, self.is_main, self.log,
+                                          self.layout)
         self.rollback = Rollback(cfg, self.run_dir, self.checkpoints, self.monitor,
                                  self.layout.dp, self.is_main, self.log)
         self.silent_errors = SilentErrors(
@@ -184,9 +185,14 @@ class Trainer:
         stopped early to be continued has ``state.stopped`` set to the reason."""
         # the run folder's lock; from here on a SIGTERM / SIGUSR1 / SIGINT asks for a checkpoint
         self.guard.start()
+        finished = False
         try:
-            return self._run()
+            state = self._run()
+            finished = True
+            return state
         finally:  # also when the run fails: no loader worker or save outlives it
+            # a failed run's snapshots stay for its restart; a finished one's are deleted
+            self.checkpoints.close_snapshots(finished)
             if self._batches is not None:
                 self._batches.close()
                 self._batches = None
@@ -311,6 +317,7 @@ class Trainer:
                 self._evaluate(splits, step)
             if cfg.checkpoint.interval and step % cfg.checkpoint.interval == 0:
                 self.log(f"checkpoint: {self.save()}")
+            self.checkpoints.snapshot_after(self.state)
             if verdict.stop_reason:
                 self._stop_for(verdict.stop_reason)
                 return

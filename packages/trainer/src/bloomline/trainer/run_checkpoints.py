@@ -27,10 +27,14 @@ from bloomline.trainer.checkpoint import (
     changed_settings,
     check_compatible,
     latest_checkpoint,
+    list_checkpoints,
     load_checkpoint,
     load_config_of,
     save_checkpoint,
 )
+from bloomline.trainer.checkpoint.rng_state import set_rng_state
+from bloomline.trainer.snapshots.local_state import restore_state
+from bloomline.trainer.snapshots.peer_snapshots import PeerSnapshots
 from bloomline.trainer.survival.finite_weights import check_finite_weights
 from bloomline.trainer.survival.sample_skips import SkipRanges
 from bloomline.trainer.train_state import TrainState
@@ -58,10 +62,15 @@ class RunCheckpoints:
     a save took (its stop-time reserve)."""
 
     def __init__(self, cfg, run_dir: Path, model, optimizer, precision, guard, is_main: bool,
-                 log) -> None:
+                 log, layout=None) -> None:
         self.cfg, self.run_dir = cfg, run_dir
         self.model, self.optimizer, self.precision, self.guard = model, optimizer, precision, guard
         self.is_main, self.log = is_main, log
+        rank, world = (layout.rank, layout.world_size) if layout is not None else (0, 1)
+        # the in-memory snapshots a restart goes on from (snapshots/); off without restarts
+        self.snapshots = PeerSnapshots(cfg, run_dir, model, optimizer, rank, world,
+                                       layout.describe() if layout is not None else "",
+                                       log)
         # the config's hyper-parameters: a checkpoint's param groups must not replace them
         self._hyperparameters = [{k: v for k, v in group.items() if k != "params"}
                                  for group in optimizer.param_groups]
@@ -74,6 +83,12 @@ class RunCheckpoints:
         win). None when there is none to resume: the caller starts the run."""
         setting = self.cfg.checkpoint.resume
         path = None
+        if setting == "auto" and self.snapshots.can_recover():
+            recovered = self._recover(skips)
+            if recovered is not None:
+                return recovered
+        elif setting == "auto":
+            self.snapshots.clear_stale()
         if setting == "auto":
             path = latest_checkpoint(self.run_dir, log=self.log)
         elif setting != "none":
@@ -89,17 +104,50 @@ class RunCheckpoints:
                      f"values win: {'; '.join(changed)}")
         return loaded
 
+    def _recover(self, skips: SkipRanges) -> Loaded | None:
+        """A restart: the newest peer snapshot every rank can restore (snapshots/), or None
+        with one line saying why the checkpoints are read instead."""
+        listed = list_checkpoints(self.run_dir) if self.is_main else []
+        newest = int(listed[-1].name[5:]) if listed else None  # names only: nothing is read
+        recovered, reason = self.snapshots.recover(newest)
+        if recovered is None:
+            self.log(f"peer snapshots: {reason}; resuming from the persistent checkpoint "
+                     "instead")
+            return None
+        header = recovered.header
+        restore_state(self.model, self.optimizer, recovered.tensors, header.values)
+        set_rng_state(header.rng)
+        state = TrainState()
+        state.load_state_dict(header.trainer_state, where=str(recovered.path))
+        loaded = self._after_load(recovered.path, self.cfg, state, skips,
+                                  f"the peer snapshot of step {header.step}")
+        age = time.time() - header.created
+        self.log(f"recovered step {header.step} from peer snapshots in "
+                 f"{recovered.seconds:.2f} s ({recovered.from_peers} of "
+                 f"{self.snapshots.placement.world_size} rank states sent by a peer, the rest "
+                 f"from their own node's memory; taken {age:.1f} s before); the checkpoints "
+                 "were not read")
+        return loaded
+
     def load(self, path: Path, skips: SkipRanges, verified: bool = False) -> Loaded:
         """Model, optimizer, RNG and trainer state from the checkpoint ``path``, with this
         run's hyper-parameters, loss scale and spike history re-applied from it;
         ``verified``: its manifest was just checked (by ``latest_checkpoint``), skip hashing
-        it a second time. ``skips``: the ranges in force before the load."""
+        it a second time. ``skips``: the ranges in force before the load. The peer snapshots
+        are dropped: a load (a rollback) leaves the history they hold."""
         saved = load_config_of(path, type(self.cfg))
         check_compatible(saved, self.cfg, path)
+        self.snapshots.discard()
         state = TrainState()
         state.load_state_dict(load_checkpoint(path, self.model, self.optimizer,
                                               verified=verified))
-        check_finite_weights(self.model, f"checkpoint {path}",
+        return self._after_load(path, saved, state, skips, f"checkpoint {path}")
+
+    def _after_load(self, path: Path, saved, state: TrainState, skips: SkipRanges,
+                    what: str) -> Loaded:
+        """What every load re-applies: the weights checked finite, this run's
+        hyper-parameters, the loss scale and spike history, the skips."""
+        check_finite_weights(self.model, what,
                              "it cannot be trained from: resume from an earlier checkpoint "
                              "(checkpoint.resume=PATH)")
         for group, settings in zip(self.optimizer.param_groups, self._hyperparameters,
@@ -140,6 +188,26 @@ class RunCheckpoints:
         self.guard.last_save_seconds = time.perf_counter() - started
         return path
 
+    def snapshot_after(self, state: TrainState) -> None:
+        """After each step: the peer snapshot round started a step before is complete (waited
+        for here: a failure then loses at most ``checkpoint.snapshot_interval`` steps), and a
+        new round of ``state.step`` starts when due (snapshots/): what a checkpoint of the
+        step would hold, copied to host memory, replicated in the background."""
+        snapshots = self.snapshots
+        if not snapshots.due(state.step):
+            if snapshots.in_flight:
+                self.guard.watchdog.arm("a peer snapshot's replication",
+                                        self.cfg.watchdog.startup_seconds)
+                snapshots.wait()
+                self.guard.watchdog.disarm()
+            return
+        state.loss_scale = self.precision.state_dict()
+        state.spike_history = self.guard.detector.state_dict()
+        self.guard.watchdog.arm(f"peer snapshot of step {state.step}",
+                                self.cfg.watchdog.startup_seconds)
+        snapshots.take(state.step, state.state_dict(), timeline=state.rollbacks)
+        self.guard.watchdog.disarm()
+
     def raise_if_failed(self) -> None:
         """Raise a background save's failure now (the run ends at the step that sees it)."""
         if self._async_saver is not None:
@@ -152,6 +220,11 @@ class RunCheckpoints:
                                     self.cfg.watchdog.startup_seconds)
             self._async_saver.wait()
             self.guard.watchdog.disarm()
+
+    def close_snapshots(self, finished: bool) -> None:
+        """The run's end: a finished run (completed or stopped with a checkpoint) deletes its
+        snapshots; a failed one leaves them to its restart."""
+        self.snapshots.close(finished)
 
     def settle(self) -> None:
         """When the run fails with a checkpoint still being written in the background: let it

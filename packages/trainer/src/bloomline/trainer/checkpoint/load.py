@@ -28,7 +28,7 @@ from bloomline.trainer.checkpoint.rng_state import rng_problems, set_rng_state
 from bloomline.trainer.master_weights import master_weights_of
 from bloomline.trainer.train_state import TrainState
 
-__all__ = ["load_checkpoint"]
+__all__ = ["apply_loaded_state", "load_checkpoint"]
 
 
 def load_checkpoint(checkpoint: str | Path, model, optimizer=None, verified: bool = False,
@@ -44,12 +44,6 @@ def load_checkpoint(checkpoint: str | Path, model, optimizer=None, verified: boo
         UserError: The checkpoint does not verify (names its first problem), or a pickle of
             it names a global outside DCP's classes (``TamperedCheckpointError``).
     """
-    from torch.distributed.checkpoint.state_dict import (
-        set_model_state_dict,
-        set_optimizer_state_dict,
-        set_state_dict,
-    )
-
     checkpoint = Path(checkpoint)
     if not verified:
         refuse_damaged(checkpoint, verify_checkpoint(checkpoint, group))
@@ -57,7 +51,6 @@ def load_checkpoint(checkpoint: str | Path, model, optimizer=None, verified: boo
     # may have verified another copy), before any tensor is read
     trainer_state = _read_checked(checkpoint / STATE_FILE, TrainState.problems)
     rng = _read_checked(checkpoint / RNG_FILE, rng_problems) if optimizer is not None else None
-    engine = master_weights_of(model)  # the buffers engine loads into its masters
     if optimizer is None:
         state = {"model": model_state_target(model)}
     else:
@@ -65,6 +58,23 @@ def load_checkpoint(checkpoint: str | Path, model, optimizer=None, verified: boo
     _check_shapes(state, checkpoint)
     with dcp_quiet():  # DCP's pickles read with DCP's classes only (metadata.py)
         dcp_load(state, checkpoint)
+    apply_loaded_state(model, optimizer, state)
+    if rng is not None:
+        set_rng_state(rng)
+    return trainer_state
+
+
+def apply_loaded_state(model, optimizer, state: dict) -> None:
+    """Hand ``state`` (what ``saved_state_dict`` / ``model_state_target`` returned, its
+    tensors filled in place by a load) to the model and optimizer: the one tail of every
+    load, from a checkpoint here or from an in-memory snapshot (``local_shards.py``)."""
+    from torch.distributed.checkpoint.state_dict import (
+        set_model_state_dict,
+        set_optimizer_state_dict,
+        set_state_dict,
+    )
+
+    engine = master_weights_of(model)  # the buffers engine loads into its masters
     if engine is not None:
         # the masters were loaded in place; the parameters are their compute-dtype copies
         if optimizer is not None:
@@ -76,9 +86,6 @@ def load_checkpoint(checkpoint: str | Path, model, optimizer=None, verified: boo
     else:
         set_state_dict(model, optimizer, model_state_dict=state["model"],
                        optim_state_dict=state["optim"], options=state_dict_options())
-    if rng is not None:
-        set_rng_state(rng)
-    return trainer_state
 
 
 def _read_checked(path: Path, problems_of) -> dict:

@@ -6,7 +6,9 @@ weights written into its scratch folder, before the folder moves into place), an
 ``spike`` action at ``batch``: the micro-batch holding train sample ``sample`` is replaced by
 the vocabulary's last two ids in turn, which the data never contains (the model has learned to
 rule them out, and with tied embeddings it favours repeating the input token, so the loss
-jumps, like a garbage batch).
+jumps, like a garbage batch); and the ``lose`` action at ``snapshots``: a restarted rank about to
+look for its peer snapshots finds its node's folder gone (``node``: the snapshot placement's
+node), as after the loss of a machine.
 
 The ``bitflip`` action at ``grad`` and ``param`` (silent data corruption: one flipped bit in
 a rank's gradient, transient, or in a parameter, persistent) is ``bit_flips.py``'s.
@@ -14,9 +16,21 @@ a rank's gradient, transient, or in a parameter, persistent) is ``bit_flips.py``
 
 from __future__ import annotations
 
+import os
+
 from bloomline.common.faults import active_faults, condition_holds, fire
 
-__all__ = ["fire", "spike_samples", "corrupt_spiked"]
+__all__ = ["corrupt_spiked", "fire", "lost", "spike_samples"]
+
+
+def lost(point: str, **context) -> bool:
+    """Whether a ``lose`` fault holds at ``point`` here (it is announced on stderr, as
+    ``fire`` announces the others)."""
+    for action, at, where in active_faults():
+        if action == "lose" and at == point and condition_holds(where, context):
+            os.write(2, f"fault: lose@{point} {context}\n".encode())
+            return True
+    return False
 
 
 def spike_samples() -> set[int]:
