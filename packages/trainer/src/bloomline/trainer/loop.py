@@ -43,6 +43,8 @@ from bloomline.trainer.parallel import build_mesh, init_distributed, world_info
 from bloomline.trainer.parallel.zero_engine import describe_zero, replicates_parameters
 from bloomline.trainer.reporting.clock import now
 from bloomline.trainer.reporting.monitor import RunMonitor
+from bloomline.trainer.reporting.step_sections import SectionClock
+from bloomline.trainer.reporting.stragglers import StragglerWatch
 from bloomline.trainer.run_checkpoints import RunCheckpoints
 from bloomline.trainer.run_spec import RunSpec, run_device, settle
 from bloomline.trainer.step.recompute import StepRecompute
@@ -111,6 +113,13 @@ class Trainer:
                                           self.layout)
         self.rollback = Rollback(cfg, self.run_dir, self.checkpoints, self.monitor,
                                  self.layout.dp, self.is_main, self.log)
+        # the step's section times (the runner and the loop mark them) for the straggler
+        # report, and where the heartbeat says this rank is (reporting/stragglers.py)
+        self.sections = SectionClock(self.device, self.guard.heartbeat.at)
+        self.runner.sections = self.sections
+        self.stragglers = StragglerWatch(cfg, self.layout, self.sections, self.monitor,
+                                         self.log)
+        self.guard.heartbeat.report_to(log, self.monitor.write)  # ranks 0 and 1 report
         self.silent_errors = SilentErrors(
             cfg, self.run_dir, self.guard.detector, self.layout,
             list(self.model.named_parameters()), replicates_parameters(cfg, self.layout.dp),
@@ -264,6 +273,7 @@ class Trainer:
         blend = blend_of(train)
         guard.stops.begin_training()
         monitor.steps_begin()
+        self.stragglers.begin(self.state.step)  # collective: the ranks' hosts
         steps_here = 0
         while self.state.step < steps_total and not (
                 cfg.train.exit_interval and steps_here >= cfg.train.exit_interval):
@@ -274,6 +284,7 @@ class Trainer:
             guard.watchdog.arm(f"step {step}")
             size = global_batch_size(cfg, state.consumed_samples, self.layout.dp)
             length = sequence_length(cfg, state.consumed_tokens)
+            self.sections.begin_step(step)  # the data wait
             micro, ids = batches.next_step(
                 size // (cfg.train.micro_batch_size * self.layout.dp), length)
             log_step = step % cfg.train.log_interval == 0 or step == steps_total
@@ -287,7 +298,9 @@ class Trainer:
             result = self.train_step(micro, lr, activation_stats=stats, sources=sources,
                                      num_sources=len(blend.names) if blend else 0)
             self.silent_errors.end(step, result)  # names what a recompute or fingerprint found
+            self.sections.enter("verdict")
             verdict = guard.judge(result)
+            self.sections.synced()  # every rank leaves the verdict together
             guard.watchdog.disarm(step_finished=True)
             self.checkpoints.raise_if_failed()  # a background save's failure ends the run now
             loaded = (self.rollback(verdict.finding, step, state, self.skips)
@@ -309,6 +322,8 @@ class Trainer:
             guard.count_bad(state, result, step, self.precision.scaler is not None, self.log)
             monitor.step_done(step, size, length, result["loss"])
             if log_step:
+                # collective: the interval's section times, the stragglers named
+                result["section_times"] = self.stragglers.interval_end(step)
                 monitor.log_step(result, lr, size, length, state, steps_total,
                                  blend.names if blend else None)
             if stats:

@@ -293,6 +293,9 @@ class RunMonitor:
                 "consumed_samples": state.consumed_samples,
                 "consumed_tokens": state.consumed_tokens,
                 "skipped_steps": state.skipped_steps,
+                # the ranks' time per section of the step, when the loop gathered them
+                # (reporting/stragglers.py: time_SECTION_s and time_SECTION_max_s)
+                **result.get("section_times", {}),
                 # model states this rank holds (its local shards): parallel/memory.py
                 **memory_record(self.model, self.optimizer, self.device,
                                 self.cfg.parallel.offload)}

@@ -144,9 +144,9 @@ class StragglerWatch:
     def interval_end(self, step: int) -> dict[str, float]:
         """At log step ``step``, after its verdict, on every rank (collective): gather the
         interval's section times; rank 0 names the stragglers. Returns the train record's
-        ``time_SECTION_s`` (the median over ranks, per step), ``time_SECTION_max_s`` and
-        ``time_SECTION_max_rank`` for each section some rank spent time in (rank 0's; {}
-        elsewhere)."""
+        ``time_SECTION_s`` (the lower median over ranks, seconds per step) and
+        ``time_SECTION_max_s`` (the slowest rank's) for each section some rank spent time in
+        (on rank 0; {} elsewhere)."""
         first, steps = self.clock.first_step, self.clock.steps
         mine = self.clock.take()
         table = _gather(mine) if len(self.ranks) > 1 else [mine]
@@ -155,12 +155,9 @@ class StragglerWatch:
         record: dict[str, float] = {}
         for index, name in enumerate(SECTIONS):
             column = [row[index] / steps for row in table]
-            if max(column) <= 0:
-                continue
-            slowest = max(range(len(column)), key=column.__getitem__)
-            record[f"time_{name}_s"] = statistics.median(column)
-            record[f"time_{name}_max_s"] = column[slowest]
-            record[f"time_{name}_max_rank"] = slowest
+            if max(column) > 0:  # a section of this layout (not forward_backward's twin)
+                record[f"time_{name}_s"] = statistics.median_low(column)
+                record[f"time_{name}_max_s"] = max(column)
         named = find_stragglers(table, [stage for _, _, stage in self.ranks], steps,
                                 self.factor, self.min_seconds)
         for number, s in enumerate(named):

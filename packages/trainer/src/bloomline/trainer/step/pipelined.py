@@ -123,6 +123,7 @@ class PipelinedRunner(StepRunner):
         """The schedule runs forward and backward over the step's micro-batches
         (concatenated, then split by the schedule into ``parallel.pipeline_microbatches``);
         the per-source sums come from the last stage."""
+        self.sections.enter("forward_backward")  # the schedule: its sends and receives too
         tokens = torch.cat(list(micro_batches))
         count = self.microbatches or len(micro_batches)
         check_step_microbatches(count, tokens.shape[0])
@@ -132,6 +133,7 @@ class PipelinedRunner(StepRunner):
                            per_sample=sources is not None)
         for chunk in self.stages.chunks:
             chunk.set_activation_stats(False)
+        self.sections.enter("reduce")
         self.local_loss = losses.mean()  # the last stage's, as every stage has it
         loss = dp_mean(self.local_loss, self.dp_group)
         totals = None

@@ -43,6 +43,7 @@ class PlainRunner(StepRunner):
         total = torch.zeros((), device=self.device)
         per_sample = []
         for index, tokens in enumerate(micro_batches):
+            self.sections.enter("forward")
             tokens = tokens.to(self.device, non_blocking=True)
             model.set_activation_stats(activation_stats and index == 0)
             # data parallelism reduces gradients once, after the last micro-batch
@@ -53,9 +54,11 @@ class PlainRunner(StepRunner):
                 else:
                     loss, samples_loss = self.forward_loss(tokens, per_sample=True)
                     per_sample.append(samples_loss)
+                self.sections.enter("backward")
                 precision.scale(loss / count).backward()
             total += loss.detach()
         model.set_activation_stats(False)
+        self.sections.enter("reduce")
         self.local_loss = total / count
         loss = dp_mean(self.local_loss, self.dp_group)
         totals = None

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 import torch
 
+from bloomline.trainer.reporting.step_sections import Sections
 from bloomline.trainer.step.recompute import StepRecompute
 from bloomline.trainer.step.tail import finish_step, max_norm, set_learning_rate
 
@@ -28,6 +29,10 @@ class StepRunner(ABC):
 
     Invariant: every rank calls each method at the same point with the same micro-batch count
     (they contain collectives)."""
+
+    # where the step marks its sections (reporting/step_sections.py); the trainer sets its
+    # clock, the default does nothing (a step outside a training loop)
+    sections: Sections = Sections()
 
     def __init__(self, model, optimizer, precision, clip_grad: float,
                  micro_batch_size: int) -> None:
@@ -66,6 +71,7 @@ class StepRunner(ABC):
                 micro_batches, activation_stats, sources, num_sources))
             if redone is not None:
                 (loss, totals, grad_norm), outcome = redone
+        self.sections.enter("optimizer")
         result = finish_step(self.optimizer, self.precision.scaler, loss, grad_norm, totals,
                              self.activation_stats if activation_stats else None)
         if outcome is not None:
@@ -79,6 +85,7 @@ class StepRunner(ABC):
                                              num_sources)
         if self.recompute is not None:
             self.recompute.after_backward()
+        self.sections.enter("reduce")
         if self.distributed is not None:
             self.distributed.reduce_gradients()  # data parallelism's, on the buffers engine
         self.reduce_gradients()

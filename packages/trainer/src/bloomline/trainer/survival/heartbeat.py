@@ -81,15 +81,13 @@ class Heartbeat:
     """One rank's heartbeat and, on ranks 0 and 1, its watch over others.
 
     Args:
-        rank, world_size: This process's place in the torchrun world.
+        rank: This process's rank in the torchrun world.
         silent_seconds: ``watchdog.silent_seconds``; 0 (or a world of one): no heartbeat.
     """
 
-    def __init__(self, rank: int, world_size: int, silent_seconds: float) -> None:
-        self.rank, self.world_size = rank, world_size
-        self.silent_seconds = silent_seconds
-        self.enabled = silent_seconds > 0 and world_size > 1
-        self.interval = beat_interval(silent_seconds) if self.enabled else 0.0
+    def __init__(self, rank: int, silent_seconds: float) -> None:
+        self.rank, self.silent_seconds = rank, silent_seconds
+        self.interval = beat_interval(silent_seconds) if silent_seconds > 0 else 0.0
         self._log: Callable[[str], None] = lambda _line: None
         self._write: Callable[[dict], None] = lambda _record: None
         self._where = (0, "start", 0)  # (step, section, entries): replaced whole
@@ -98,15 +96,11 @@ class Heartbeat:
         self._store = None
         self._attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         self._me = {"host": socket.gethostname(), "pid": os.getpid()}
-        if rank == 0:
-            watched = [r for r in range(world_size) if r != 0]
-        else:
-            watched = [0] if rank == 1 else []
-        self._watched = [_Watched(r) for r in watched]
+        self._watched: list[_Watched] = []
 
     @classmethod
-    def from_config(cls, cfg, rank: int, world_size: int) -> Heartbeat:
-        return cls(rank, world_size, cfg.watchdog.silent_seconds)
+    def from_config(cls, cfg, rank: int) -> Heartbeat:
+        return cls(rank, cfg.watchdog.silent_seconds)
 
     def report_to(self, log: Callable[[str], None], write: Callable[[dict], None]) -> None:
         """Where findings go: console lines (``log``, called on the watching ranks) and
@@ -121,12 +115,14 @@ class Heartbeat:
     # -- the thread ---------------------------------------------------------------------------
     def start(self) -> None:
         """Begin beating (after ``init_distributed``; the run's start)."""
-        if not self.enabled or self._thread is not None:
-            return
         import torch.distributed as dist
 
-        if not (dist.is_available() and dist.is_initialized()):
+        if (not self.silent_seconds or self._thread is not None or not dist.is_available()
+                or not dist.is_initialized() or dist.get_world_size() == 1):
             return
+        world_size = dist.get_world_size()
+        watched = (range(1, world_size) if self.rank == 0 else [0] if self.rank == 1 else [])
+        self._watched = [_Watched(r) for r in watched]
         # a private API, stable since torch 2.0: the store init_process_group connected to
         store = dist.distributed_c10d._get_default_store().clone()
         # a dead store (torchrun's agent gone) must not keep this thread in one call for the
@@ -213,6 +209,8 @@ class Heartbeat:
                 w.named = ""
                 continue
             silent = now - w.changed_at > self.silent_seconds
+            if w.named == "silent" and not silent:  # back: its stay was the silence, not
+                w.moved_at = now  # a stuck section (its first beat may show the old place)
             stuck = (not silent and w.value is not None
                      and now - w.moved_at > self.silent_seconds and furthest > w.position())
             if w.named == "silent" and not silent:

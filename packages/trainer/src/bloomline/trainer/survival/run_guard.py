@@ -1,8 +1,8 @@
 """What keeps a long run alive, in one place the training loop consults at each step: the spike
 detector (``spikes.py``), the stop requests of signals and the wall-clock budget
-(``preemption.py``), the hang watchdog (``watchdog.py``) and the count of bad (non-finite)
-steps; and, for the run's life, the run folder's lock (``run_folder.py``: one trainer per run
-folder).
+(``preemption.py``), the hang watchdog (``watchdog.py``), the heartbeat that names a rank
+that stops answering (``heartbeat.py``) and the count of bad (non-finite) steps; and, for the
+run's life, the run folder's lock (``run_folder.py``: one trainer per run folder).
 
 ``RunGuard.judge`` is the one point where the ranks agree: each rank's finding (a spike or a
 non-finite value) and stop request go through a single all-reduce (max), so every rank of every
@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass
 
 from bloomline.common.errors import UserError
+from bloomline.trainer.survival.heartbeat import Heartbeat
 from bloomline.trainer.survival.preemption import StopRequests
 from bloomline.trainer.survival.run_folder import RunLock
 from bloomline.trainer.survival.spikes import SpikeDetector, SpikeFinding
@@ -40,6 +41,7 @@ class RunGuard:
         self.detector = SpikeDetector.from_config(cfg.spike)
         self.stops = StopRequests(cfg.train.max_wallclock)
         self.watchdog = Watchdog.from_config(cfg, run_dir, rank)
+        self.heartbeat = Heartbeat.from_config(cfg, rank)
         self.lock = RunLock(run_dir, is_holder=rank == 0)
         self.last_save_seconds = 0.0
         self.max_bad_steps = cfg.train.max_bad_steps
@@ -52,9 +54,11 @@ class RunGuard:
         self.stops.begin_setup()  # the loop's first step calls begin_training
         self.stops.install()
         self.watchdog.start()
+        self.heartbeat.start()
 
     def close(self) -> None:
         try:
+            self.heartbeat.close()
             self.stops.uninstall()
             self.watchdog.close()
         finally:
