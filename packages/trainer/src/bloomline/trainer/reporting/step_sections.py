@@ -75,7 +75,7 @@ class SectionClock(Sections):
         self.device = device
         self._cuda = device.type == "cuda"
         self._on_enter = on_enter
-        self._running = False
+        self._running = self._warming = False
         self._marks: list[tuple[int, object]] = []  # (section index, mark), in time order
         self._spare: list = []  # CUDA events read already, recorded again later
         self.section = "other"
@@ -86,8 +86,10 @@ class SectionClock(Sections):
 
     # -- the loop's marks -----------------------------------------------------------------
     def start(self, step: int) -> None:
-        """Start recording: the loop begins, in ``other`` before step ``step + 1``."""
-        self._running = True
+        """Start recording: the loop begins, in ``other`` before step ``step + 1``. The
+        sums leave out that first step: it carries the process's start-up (the loader's first
+        batch, the allocator's and kernels' warm-up), uneven across ranks and no slowness."""
+        self._running, self._warming = True, True
         self._marks = []
         self.steps, self.first_step = 0, step + 1
         self.section = ""
@@ -122,6 +124,10 @@ class SectionClock(Sections):
             return
         self.steps += 1
         step = self.step
+        if self._warming:  # the process's first step: counted from its end on
+            if self._cuda:
+                self._spare.extend(mark for _, mark in self._marks)
+            self._warming, self._marks, self.steps, self.first_step = False, [], 0, step + 1
         self.enter("other")
         self.step, self._entries = step + 1, 0
 

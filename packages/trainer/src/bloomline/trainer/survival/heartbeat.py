@@ -9,10 +9,10 @@ Two findings, each named once per episode on the console and as a ``watchdog`` r
   stopped (SIGSTOP, a debugger, swapped out), dead, or its Python cannot run (a C call holding
   the GIL). When it beats again: "answers again after N s".
 - stuck: a rank still beats but has stayed in one section of one step for
-  ``watchdog.silent_seconds`` while another rank is past it: the others wait for it in a
-  collective (a hung read in its data wait, a loop that never ends). When it moves: "moved
-  on". Ranks that all wait in the same place (a long step, a collective everyone is in) are
-  not named.
+  ``watchdog.silent_seconds`` while another rank has been past it as long: the others wait
+  for it in a collective (a hung read in its data wait, a loop that never ends). When it
+  moves: "moved on". Ranks that all wait in the same place (a long step, a collective
+  everyone is in) are not named.
 
 Rank 0 watches every other rank; rank 1 watches rank 0 (and prints what it finds: only rank 0
 writes files). The ages are measured on the watcher's own monotonic clock (when it saw a
@@ -72,6 +72,7 @@ class _Watched:
     beat: dict = field(default_factory=dict)
     named: str = ""  # "silent" or "stuck" while an episode lasts
     since: float = 0.0  # when the episode began
+    behind_since: float | None = None  # since when another rank has been past it
 
     def position(self) -> tuple[int, int]:
         return int(self.beat.get("step", 0)), int(self.beat.get("entries", 0))
@@ -173,6 +174,7 @@ class Heartbeat:
                         # this process was frozen or starved: its ages say nothing of others
                         for rank in self._watched:
                             rank.changed_at = rank.moved_at = now
+                            rank.behind_since = None
                     self._judge(values, now)
                     ticked = now
             except Exception:  # noqa: BLE001 - the store is gone or slow: the run is ending
@@ -211,8 +213,14 @@ class Heartbeat:
             silent = now - w.changed_at > self.silent_seconds
             if w.named == "silent" and not silent:  # back: its stay was the silence, not
                 w.moved_at = now  # a stuck section (its first beat may show the old place)
-            stuck = (not silent and w.value is not None
-                     and now - w.moved_at > self.silent_seconds and furthest > w.position())
+            # another rank past it for a while, not for a heartbeat's lag: a rank that just
+            # left a collective is past one whose newest beat still shows it waiting there
+            if furthest <= w.position():
+                w.behind_since = None
+            elif w.behind_since is None:
+                w.behind_since = now
+            stuck = (not silent and w.value is not None and w.behind_since is not None
+                     and now - max(w.moved_at, w.behind_since) > self.silent_seconds)
             if w.named == "silent" and not silent:
                 self._report(w, "answered", now - w.since)
             elif w.named == "stuck" and not stuck and not silent:
