@@ -2,8 +2,11 @@
 ``BLOOMLINE_FAULTS`` syntax): ``step`` (a training step, its batch in hand, before the
 forward), ``save`` (after a checkpoint's tensors are written, before its manifest makes it
 complete; also inside an async save's background writer), ``export`` (``export-hf`` with the
-weights written into its scratch folder, before the folder moves into place), and the
-``spike`` action at ``batch``: the micro-batch holding train sample ``sample`` is replaced by
+weights written into its scratch folder, before the folder moves into place), ``section``
+(a rank entering a part of its step, with ``section`` and ``step``:
+``reporting/step_sections.py``; ``delay`` there makes a straggler, ``stop`` a rank that stops
+answering), and the ``spike`` action at ``batch``: the micro-batch holding train sample
+``sample`` is replaced by
 the vocabulary's last two ids in turn, which the data never contains (the model has learned to
 rule them out, and with tied embeddings it favours repeating the input token, so the loss
 jumps, like a garbage batch); and the ``lose`` action at ``snapshots``: a restarted rank about to
