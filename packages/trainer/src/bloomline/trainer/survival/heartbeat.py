@@ -57,8 +57,13 @@ def beat_interval(silent_seconds: float) -> float:
 
 
 def _where(step: int, section: str) -> str:
-    """``step 57, forward``; ``after step 57`` between steps (section ``other``)."""
-    return f"after step {step - 1}" if section == "other" else f"step {step}, {section}"
+    """``in step 57, forward``; ``between steps (after step 57)`` in section ``other``
+    (logging, evaluation, a checkpoint)."""
+    if section == "start" or (section == "other" and step <= 1):
+        return "before the first step (the run's start: its build, a checkpoint's load)"
+    if section == "other":
+        return f"between steps (after step {step - 1})"
+    return f"in step {step}, {section}"
 
 
 @dataclass
@@ -243,9 +248,9 @@ class Heartbeat:
             line = (f"has not answered for {seconds:.0f} s ({seen}); the other ranks wait for "
                     "it at their next collective")
         elif event == "answered":
-            line = f"answers again after {seconds:.0f} s ({where})"
+            line = f"answers again after {seconds:.0f} s (now {where})"
         elif event == "stuck":
-            line = (f"has been in {where} for {seconds:.0f} s while others are past it; they "
+            line = (f"has been {where} for {seconds:.0f} s while others are past it; they "
                     "wait for it in a collective")
         else:
             line = f"moved on after {seconds:.0f} s (now {where})"
