@@ -50,6 +50,10 @@ def _g(value: float) -> str:
     return f"{value:.4g}"
 
 
+def _and(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
+
+
 def _finding_phrase(finding: SpikeFinding, first: dict) -> str:
     if finding.reason == "non-finite":
         return (f"the non-finite loss or gradient norm (loss {_g(first['loss'])}, gradient "
@@ -60,7 +64,7 @@ def _finding_phrase(finding: SpikeFinding, first: dict) -> str:
 
 def _ranks_phrase(ranks: list[int], hosts: list[str], differing: dict[int, list[str]]) -> str:
     return "; ".join(f"rank {rank} (host {hosts[rank]}) computed a different "
-                     f"{' and '.join(differing[rank])}" for rank in ranks)
+                     f"{_and(differing[rank])}" for rank in ranks)
 
 
 def recompute_report(step: int, outcome: dict, differing: dict[int, list[str]],
@@ -109,7 +113,7 @@ def fingerprint_report(step: int, mismatches: list[Mismatch],
     majority) of a fingerprint comparison that found ``mismatches``."""
     parts, suspects, groups = [], [], []
     for m in mismatches:
-        named = ", ".join(f"rank {rank} (host {hosts[rank]})" for rank in m.ranks)
+        named = _and([f"rank {rank} (host {hosts[rank]})" for rank in m.ranks])
         where = f"pp {m.pp}, tp {m.tp}; first differing tensor {m.tensor}"
         if m.majority:
             suspects += m.ranks
@@ -126,8 +130,8 @@ def fingerprint_report(step: int, mismatches: list[Mismatch],
               "ranks": sorted({rank for m in mismatches for rank in m.ranks}),
               "suspects": sorted(suspects)}
     tail = f"; suspects in RUN/{SUSPECT_HOSTS_FILE}" if suspects else ""
-    return (f"step {step}: parameter fingerprints differ: {'; '.join(parts)}{tail}; the "
-            "replicas stay diverged until the run resumes from a checkpoint", record,
+    return (f"step {step}: parameter fingerprints differ: {'; '.join(parts)}{tail}; the run "
+            "goes on (resuming from a checkpoint makes the replicas alike again)", record,
             sorted(suspects))
 
 

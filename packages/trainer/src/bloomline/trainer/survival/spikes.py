@@ -55,6 +55,9 @@ class SpikeDetector:
         self.grad_norm_factor = grad_norm_factor
         self.losses: deque[float] = deque(maxlen=window)
         self.grad_norms: deque[float] = deque(maxlen=window)
+        # (median, sigma) of each history until it changes: a step is checked twice, by the
+        # recompute's verdict inside the step and by the run guard after it
+        self._stats: dict[str, tuple[float, float]] = {}
 
     @classmethod
     def from_config(cls, cfg) -> SpikeDetector:
@@ -76,9 +79,12 @@ class SpikeDetector:
         return finding
 
     def _outlier(self, reason: str, value: float, history, material) -> SpikeFinding | None:
-        values = np.fromiter(history, dtype=np.float64)
-        median = float(np.median(values))
-        sigma = _MAD_TO_SIGMA * float(np.median(np.abs(values - median)))
+        if reason not in self._stats:
+            values = np.fromiter(history, dtype=np.float64)
+            median = float(np.median(values))
+            self._stats[reason] = (
+                median, _MAD_TO_SIGMA * float(np.median(np.abs(values - median))))
+        median, sigma = self._stats[reason]
         threshold = max(median + self.zscore * sigma, material(median))
         return SpikeFinding(reason, value, median, threshold) if value > threshold else None
 
@@ -86,11 +92,13 @@ class SpikeDetector:
         """Add a good step to the baseline (spikes are never added)."""
         self.losses.append(float(loss))
         self.grad_norms.append(float(grad_norm))
+        self._stats.clear()
 
     def state_dict(self) -> dict:
         return {"losses": list(self.losses), "grad_norms": list(self.grad_norms)}
 
     def load_state_dict(self, state: dict) -> None:
+        self._stats.clear()
         self.losses.clear()
         self.grad_norms.clear()
         self.losses.extend(state.get("losses", []))
