@@ -7,7 +7,9 @@
 - ``pipelined.py``: ``PipelinedRunner``, this rank's pipeline stages under torch's schedule;
 - ``sample_forward.py``: a batch's loss and per-sample losses, the one forward that training,
   validation, ``trainer evaluate`` and the planner share;
-- ``tail.py``: the data-parallel reductions, clipping and the finish/skip decision.
+- ``tail.py``: the data-parallel reductions, clipping and the finish/skip decision;
+- ``recompute.py``: a suspect step computed again on the same micro-batches before the
+  optimizer step (silent data corruption named, ``survival/silent_errors.py``).
 """
 
 from bloomline.trainer.step.plain import PlainRunner
