@@ -158,8 +158,12 @@ def make_loader(samples: TokenSamples, sampler: MegatronSampler, num_workers: in
     if num_workers > 0:
         kwargs = {"prefetch_factor": prefetch_factor, "persistent_workers": False,
                   "worker_init_fn": init_worker}
+    # a generator of its own for the seed torch draws at each iterator's start (its workers'):
+    # from the global one, a resume drew it after restoring the checkpoint's RNG states, and
+    # every dropout mask after it differed from the uninterrupted run's
     return TrackedLoader(samples, batch_sampler=sampler, num_workers=num_workers,
-                         collate_fn=_keep_batch, pin_memory=pin_memory, **kwargs)
+                         collate_fn=_keep_batch, pin_memory=pin_memory,
+                         generator=torch.Generator(), **kwargs)
 
 
 class StepBatches:

@@ -146,8 +146,11 @@ def measure_peak_flops(device: torch.device, dtype: torch.dtype, seconds: float 
     if known is not None:
         return PeakMeasurement(known[0], f"dense bf16 peak of the {known[1]}")
     n = 8192 if device.type == "cuda" else 1024
-    a = torch.randn(n, n, device=device).to(dtype)
-    b = torch.randn(n, n, device=device).to(dtype)
+    # a generator of its own: this runs after a resume has restored the checkpoint's RNG
+    # states, and draws from the global one would change every dropout mask after it
+    generator = torch.Generator(device=device)
+    a = torch.randn(n, n, device=device, generator=generator).to(dtype)
+    b = torch.randn(n, n, device=device, generator=generator).to(dtype)
     products = [torch.matmul]
     if device.type == "cpu" and dtype == torch.float32 and onednn_available():
         products.append(onednn_matmul)
