@@ -1,4 +1,5 @@
-"""``trainer``: pretrain, generate, export-hf, verify-checkpoint, evaluate, config, plot, plan.
+"""``trainer``: pretrain, generate, export-hf, verify-checkpoint, upgrade-checkpoint, evaluate,
+config, plot, plan.
 
 Each command imports the trainer modules it uses inside its function: they load torch (a few
 seconds), which ``trainer --help``, a mistyped option and the ``--nproc`` launcher's own
@@ -236,6 +237,26 @@ def verify_checkpoint_command(
         raise UserError(f"{checkpoint}: {problems[-1]}")
     files, size, step = describe_checkpoint(checkpoint)
     typer.echo(f"ok: {checkpoint}: {files} files, {size} bytes, step {step}")
+
+
+@app.command("upgrade-checkpoint")
+def upgrade_checkpoint_command(
+    checkpoint: str = typer.Argument(..., help="A checkpoint folder written before manifests "
+                                     "(it has rng.pt, no manifest.json)."),
+    out_dir: str = typer.Argument(..., help="New folder: the same checkpoint in today's "
+                                  "format (resume it with checkpoint.resume=OUT_DIR)."),
+) -> None:
+    """Convert a checkpoint of the format before manifests (bloomline until 2026-11-25), which
+    today's loads refuse, into today's: the same tensors, generator states, step and config,
+    with a manifest. The old folder is left as it is."""
+    # torch-heavy: imported by the command that needs it (module docstring)
+    from bloomline.trainer.checkpoint.legacy import upgrade_checkpoint
+    from bloomline.trainer.checkpoint.manifest import describe_checkpoint
+
+    target = upgrade_checkpoint(checkpoint, out_dir)
+    files, size, step = describe_checkpoint(target)
+    typer.echo(f"ok: {target}: {files} files, {size} bytes, step {step}; resume it with "
+               f"checkpoint.resume={target}")
 
 
 @app.command("evaluate")

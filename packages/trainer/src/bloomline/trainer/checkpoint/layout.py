@@ -15,14 +15,16 @@ from pathlib import Path
 
 from bloomline.trainer.checkpoint.manifest import MANIFEST
 
-__all__ = ["CONFIG_FILE", "RNG_FILE", "STATE_FILE", "PARTIAL_NAME", "PendingSave",
-           "list_checkpoints"]
+__all__ = ["CONFIG_FILE", "LEGACY_RNG_FILE", "RNG_FILE", "STATE_FILE", "PARTIAL_NAME",
+           "PendingSave", "is_legacy_checkpoint", "legacy_checkpoints", "list_checkpoints"]
 
 _NAME = re.compile(r"^step_(\d{8})$")
 PARTIAL_NAME = re.compile(r"^\.step_\d{8}\.partial$")
 STATE_FILE = "trainer_state.json"
 RNG_FILE = "rng.json"
 CONFIG_FILE = "config.toml"
+# the generator states of the format before manifests (a pickle; legacy.py upgrades it)
+LEGACY_RNG_FILE = "rng.pt"
 
 
 @dataclass
@@ -53,4 +55,22 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
     if not root.is_dir():
         return []
     found = [p for p in root.iterdir() if _NAME.match(p.name) and (p / MANIFEST).is_file()]
+    return sorted(found, key=lambda p: int(p.name[5:]))
+
+
+def is_legacy_checkpoint(folder: str | Path) -> bool:
+    """A checkpoint folder of the format before manifests (bloomline until 2026-11-25):
+    ``rng.pt`` and ``trainer_state.json``, no manifest (``legacy.py``)."""
+    folder = Path(folder)
+    return ((folder / LEGACY_RNG_FILE).is_file() and (folder / STATE_FILE).is_file()
+            and not (folder / MANIFEST).exists())
+
+
+def legacy_checkpoints(run_dir: str | Path) -> list[Path]:
+    """A run's ``step_N`` folders of the format before manifests, oldest first:
+    ``list_checkpoints`` does not see them (no manifest), and no run may replace them."""
+    root = Path(run_dir) / "checkpoints"
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if _NAME.match(p.name) and is_legacy_checkpoint(p)]
     return sorted(found, key=lambda p: int(p.name[5:]))

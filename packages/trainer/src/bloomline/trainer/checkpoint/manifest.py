@@ -140,6 +140,10 @@ def _read_manifest(folder: Path) -> tuple[dict | None, str | None]:
     """(manifest, None) or (None, the problem)."""
     path = folder / MANIFEST
     if not path.is_file():
+        if (folder / "rng.pt").is_file():  # legacy.py: the format before manifests
+            return None, (f"{MANIFEST}: missing: a checkpoint of the format before manifests "
+                          f"(bloomline until 2026-11-25); `trainer upgrade-checkpoint {folder} "
+                          "NEW` converts it")
         return None, (f"{MANIFEST}: missing (the save did not finish, or the checkpoint "
                       "predates manifests)")
     try:

@@ -16,7 +16,10 @@ start over a folder of checkpoints it did not resume from is refused:
   0 would replace them at its first saves and retention would delete the rest;
 - ``checkpoint.resume = none`` in a folder that holds checkpoints: the same;
 - ``checkpoint.resume = PATH`` older than checkpoints the folder holds: the run would write
-  its own, different, checkpoints of those steps over them.
+  its own, different, checkpoints of those steps over them;
+- any setting, when the folder holds checkpoints of the format before manifests (bloomline
+  until 2026-11-25; no verified checkpoint sees them) of later steps than the one resumed:
+  the same (``trainer upgrade-checkpoint`` converts one, ``checkpoint/legacy.py``).
 
 (``auto`` falling back past damaged checkpoints to an older good one is not refused: it trains
 those steps again, and its save of a damaged one's step replaces it.)
@@ -41,7 +44,7 @@ from pathlib import Path
 
 from bloomline.common.atomic import atomic_write_bytes
 from bloomline.common.errors import UserError
-from bloomline.trainer.checkpoint.layout import list_checkpoints
+from bloomline.trainer.checkpoint.layout import legacy_checkpoints, list_checkpoints
 from bloomline.trainer.checkpoint.tokenizer_copy import TOKENIZER_DIR
 
 __all__ = ["LOCK_FILE", "RunLock", "check_start_point", "close_inherited_locks",
@@ -180,6 +183,18 @@ def check_start_point(run_dir: str | Path, setting: str, resumed: Path | None,
     Raises:
         UserError: Naming the checkpoints and the way to start over.
     """
+    fresh = ("start the new run in a fresh train.run_dir (or move "
+             f"{Path(run_dir) / 'checkpoints'} away)")
+    # checkpoints of the format before manifests: invisible to list_checkpoints, and a save of
+    # the same step would replace one (checkpoint/legacy.py)
+    old = [path for path in legacy_checkpoints(run_dir)
+           if resumed is None or _step_of(path) > resumed_step]
+    if old:
+        raise UserError(f"checkpoint.resume {setting}: {run_dir} holds checkpoints of the "
+                        f"format before manifests ({', '.join(p.name for p in old)}), which "
+                        "this run would replace; `trainer upgrade-checkpoint "
+                        f"{old[-1]} NEW` converts the newest, then resume it with "
+                        f"checkpoint.resume=NEW; or {fresh}")
     if resumed is not None and setting == "auto":
         # newer ones are damaged (the fallback skipped them): a save of the same step, once
         # the run gets there again, replaces each (its steps are trained again, none lost)
@@ -190,8 +205,6 @@ def check_start_point(run_dir: str | Path, setting: str, resumed: Path | None,
     if not found:
         return
     names = ", ".join(path.name for path in found)
-    fresh = ("start the new run in a fresh train.run_dir (or move "
-             f"{Path(run_dir) / 'checkpoints'} away)")
     if resumed is not None:
         raise UserError(f"checkpoint.resume {setting}: {run_dir} holds checkpoints after its "
                         f"step {resumed_step} ({names}), which this run would replace with "
