@@ -6,21 +6,25 @@ today's code.
         --name NAME --format "what this format is"
     .venv/bin/python .../make_golden.py survey COMMIT...   # each commit's format, nothing kept
     .venv/bin/python .../make_golden.py rerecord NAME --why "the commit that changed the math"
+    .venv/bin/python .../make_golden.py corpus   # corpus/ (committed; written once)
 
 ``make`` checks COMMIT out into a git worktree in a temporary folder and runs *that commit's*
 trainer (``python -m bloomline.trainer pretrain``, its packages first on PYTHONPATH, this
 repository's .venv for torch and the rest) on the committed corpus ``corpus/`` with the config
-of ``CONFIG`` below: K + M steps straight with a checkpoint at K, then a resume of that
-checkpoint, at COMMIT still, for M steps (they must repeat the straight run's losses bit for
-bit: what the golden records is what that version itself resumes to). The checkpoint of step K
-goes to ``NAME/checkpoint/``, and ``NAME/golden.json`` says from which commit, which format,
-which torch and CPU, the config and the losses (``float.hex``: exact). Then it resumes the new
-golden with this working tree, as the test does, and says whether the losses agree.
+of ``CONFIG`` below: K + M steps straight with a checkpoint at K, then that commit's own resume
+of the checkpoint for M steps (recorded for information: the straight run's losses are the
+expected ones, what a resume should repeat). The checkpoint of step K goes to
+``NAME/checkpoint/``, and ``NAME/golden.json`` says from which commit, which format, which
+torch and CPU, the config, the losses (``float.hex``: exact), the digest of the state the
+checkpoint holds and the format's signature. Then it resumes the new golden with this working
+tree, as the test does, and says whether the state and the losses agree. The worktree is
+removed afterwards.
 
 ``rerecord`` is for a legitimate change of the math (a kernel, the loss reduction): it
 resumes NAME with this working tree and replaces its expected losses, naming the commit and the
-reason; the origin's own losses stay in the file. Never for a change of the format: that is
-the bug the goldens catch.
+reason; the origin's own losses stay in the file. It refuses unless today's load restores the
+golden's state exactly: a change of the format or of the load is the bug the goldens catch,
+never a reason to re-record.
 
 A script beside its data, not a tool under packages/: it writes test data, imports nothing
 of bloomline's at module level (it runs other commits' code in subprocesses) and nothing
