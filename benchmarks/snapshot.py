@@ -13,8 +13,10 @@ moments after a step: ~0.8 GB per rank. Per round, on both ranks at once:
       slowdown the background work costs them (2 cores shared by 2 ranks and their rounds);
   (c) a recovery's read: the own file read and checked (CRC) and restored into the model and
       optimizer (``restore_state``);
-  (d) baselines, the same state: ``AsyncCheckpointer.save``'s stall and its completion, and
-      the synchronous ``save_checkpoint`` (both to the local disk, as a run's checkpoints).
+  (d) baselines, the same state: ``AsyncCheckpointer.save``'s stall and its completion, the
+      synchronous ``save_checkpoint`` (both to the local disk, as a run's checkpoints), and
+      ``load_checkpoint`` of it (the manifest verified, then DCP): what a restart reads
+      without snapshots.
 
 Limits measured in the same run: copying the state into preallocated tensors (the stall's
 floor: the staging copy is exactly that) and CRC-32 over the state (zlib, one core).
@@ -59,7 +61,7 @@ def _rank(rank: int, args: argparse.Namespace, port: int, work: str, out) -> Non
                       TORCHELASTIC_RUN_ID="bench")
     torch.set_num_threads(1)  # two ranks on two cores
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
-    from bloomline.trainer.checkpoint import save_checkpoint
+    from bloomline.trainer.checkpoint import load_checkpoint, save_checkpoint
     from bloomline.trainer.checkpoint.async_save import AsyncCheckpointer
     from bloomline.trainer.config import Config
     from bloomline.trainer.snapshots.local_state import restore_state
@@ -113,9 +115,13 @@ def _rank(rank: int, args: argparse.Namespace, port: int, work: str, out) -> Non
         r["async_total"] = time.perf_counter() - start
         dist.barrier()
         start = time.perf_counter()
-        save_checkpoint(Path(work) / "sync", index + 1, model, optimizer, {"step": index + 1},
-                        cfg, keep_last=1, is_writer=rank == 0)
+        path = save_checkpoint(Path(work) / "sync", index + 1, model, optimizer,
+                               {"step": index + 1}, cfg, keep_last=1, is_writer=rank == 0)
         r["sync"] = time.perf_counter() - start
+        dist.barrier()
+        start = time.perf_counter()  # what a restart reads without snapshots: verify + load
+        load_checkpoint(path, model, optimizer)
+        r["load"] = time.perf_counter() - start
         rounds.append(r)
     snapshots.close(finished=True)
     saver.close()
@@ -142,7 +148,7 @@ def format_report(m: dict, header: str) -> str:
          "async checkpoint complete", _median(rounds, "async_total"),
          _median(rounds, "copy_limit") * 3 + m["crc_seconds"], "3 copies + CRC"),
         ("recovery: read + check + restore, s", _median(rounds, "recover_read"),
-         "sync checkpoint save", _median(rounds, "sync"),
+         "checkpoint load (verified)", _median(rounds, "load"),
          _median(rounds, "copy_limit") * 2 + m["crc_seconds"], "2 copies + CRC"),
         ("step during a round, s", _median(rounds, "step_during"),
          "step alone", _median(rounds, "step_alone"), None, ""),
