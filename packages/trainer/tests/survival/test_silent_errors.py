@@ -279,3 +279,46 @@ def test_replicated_parameters_by_engine():
                                     (1, "fsdp2", True)]:
         cfg.parallel.zero_stage, cfg.parallel.zero_engine = stage, engine
         assert replicates_parameters(cfg, 4) is expected, (stage, engine)
+
+
+def _decide_on_rank_one_only() -> tuple[int, str]:
+    """One rank of ``test_a_rank_alone_suspect_makes_every_rank_recompute``: the judge finds
+    the step suspect on rank 1 only (its copy of a replicated gradient damaged)."""
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+
+    from bloomline.trainer.step.recompute import StepRecompute
+    from bloomline.trainer.survival.spikes import SpikeFinding
+
+    dist.init_process_group("gloo")  # run_distributed set the rendezvous in the environment
+    rank = dist.get_rank()
+    finding = SpikeFinding("non-finite", float("inf"), float("nan"), float("nan"))
+    judge = SimpleNamespace(step=1, suspect=lambda *_: finding if rank == 1 else None)
+    runner = SimpleNamespace(distributed=None, dp_group=object(), device=torch.device("cpu"),
+                             local_loss=torch.tensor(2.0), drop_gradients=lambda: None,
+                             model=torch.nn.Linear(1, 1))
+    recompute = StepRecompute(runner, judge)
+    recompute.begin()
+    calls = []
+
+    def again():
+        calls.append(1)
+        dist.barrier()  # the recompute's collectives: every rank must be here
+        return torch.tensor(2.0), None, torch.tensor(1.0)
+
+    _, outcome = recompute.check(torch.tensor(2.0), torch.tensor(1.0), again)
+    return len(calls), outcome["finding"].reason
+
+
+@pytest.mark.slow
+def test_a_rank_alone_suspect_makes_every_rank_recompute():
+    """Bug: the ranks decide to recompute each on its own values; a gradient norm computed
+    from each rank's copy of replicated gradients differs on the rank whose copy was damaged
+    after the reduction, and that rank would recompute (running collectives) while the others
+    step: a hang. The decision must be every rank's: rank 1 alone finds the step suspect,
+    both recompute."""
+    from bloomline.trainer.parallel.local_processes import run_distributed
+
+    results = run_distributed(2, _decide_on_rank_one_only, timeout=120)
+    assert results == [(1, "suspect on another rank"), (1, "non-finite")]

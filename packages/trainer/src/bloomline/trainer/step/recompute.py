@@ -29,13 +29,16 @@ the recompute then names every rank, which says so.
 
 from __future__ import annotations
 
+import math
 import struct
 from collections.abc import Callable
 
 import torch
+import torch.distributed as dist
 
 from bloomline.trainer.survival.bit_digest import bits_sum, digest_of
 from bloomline.trainer.survival.bit_flips import bitflip_due, flip_bit
+from bloomline.trainer.survival.spikes import SpikeFinding
 
 __all__ = ["StepRecompute"]
 
@@ -94,6 +97,20 @@ class StepRecompute:
             self._grad_flip = None
         self._digest.add_(bits_sum(buffer))
 
+    def _agreed(self, finding: SpikeFinding | None, loss: float) -> SpikeFinding | None:
+        """Every rank's decision made one (a max over the world: one float per step). The
+        loss is the same on every rank, but a gradient norm computed from each rank's copy
+        of replicated gradients (the FSDP2 engine at ZeRO-0/1) is not when one copy was
+        damaged after the reduction: a rank that recomputed alone would run its collectives
+        against the others' optimizer step and hang the run."""
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+            return finding
+        flag = torch.tensor([float(finding is not None)], device=self.runner.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if flag.item() and finding is None:
+            return SpikeFinding("suspect on another rank", loss, math.nan, math.nan)
+        return finding
+
     def _local_results(self) -> dict:
         """This rank's own results of the attempt just computed (bits, compared exactly)."""
         results = {}
@@ -115,7 +132,9 @@ class StepRecompute:
         ``survival/silent_errors.py`` to name and report:
         ``{"finding", "first", "second", "recurred", "differs"}``."""
         first_global = {"loss": float(loss), "grad_norm": float(grad_norm)}
-        finding = self.judge.suspect(first_global["loss"], first_global["grad_norm"])
+        finding = self._agreed(self.judge.suspect(first_global["loss"],
+                                                  first_global["grad_norm"]),
+                               first_global["loss"])
         if finding is None:
             return None
         first = self._local_results()

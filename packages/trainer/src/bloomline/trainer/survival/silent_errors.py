@@ -58,6 +58,9 @@ def _finding_phrase(finding: SpikeFinding, first: dict) -> str:
     if finding.reason == "non-finite":
         return (f"the non-finite loss or gradient norm (loss {_g(first['loss'])}, gradient "
                 f"norm {_g(first['grad_norm'])})")
+    if finding.reason == "suspect on another rank":  # step/recompute.py's agreement
+        return (f"the step another rank found suspect (here: loss {_g(first['loss'])}, "
+                f"gradient norm {_g(first['grad_norm'])})")
     name = "loss spike" if finding.reason == "loss spike" else "gradient-norm spike"
     return f"the {name} ({_g(finding.value)} against a baseline of {_g(finding.baseline)})"
 
