@@ -106,17 +106,22 @@ def test_a_lost_node_then_both_nodes_recover_from_peers_then_from_the_checkpoint
 def test_a_hung_pipeline_rank_recovers_from_its_own_node(tmp_path, corpus, make_config):
     """Bug: under pipeline parallelism a stage's state (its own layers, its optimizer's
     moments) is restored from the wrong shard, the buffers engine's fp32 masters are not in
-    the snapshot (the bf16 parameters would be restored and the masters left stale), or a
-    hang (not a death) is not recovered from: pp2 x dp2 at ZeRO-1 in bf16, rank 0 hangs at
-    step 5 -> the watchdogs end the ranks, torchrun restarts them, and every rank restores
-    step 4 from its own node's memory (nothing travels), losses bitwise equal to the
-    uninterrupted run."""
+    the snapshot (the bf16 parameters would be restored and the masters left stale), a hang
+    (not a death) is not recovered from, or a rank that dies in the middle of a snapshot's
+    round leaves a mix of rounds to restore (or a failure the launcher does not restart):
+    pp2 x dp2 at ZeRO-1 in bf16. Rank 0 hangs at step 5 -> the watchdogs end the ranks,
+    torchrun restarts them, and every rank restores step 4 from its own node's memory
+    (nothing travels); rank 2 dies as step 8's round starts -> step 6, the newest round
+    every rank finished. Losses bitwise equal to the uninterrupted run."""
     reference = _reference(tmp_path / "a", corpus, make_config, PP2_DP2)
     done, run_dir = _pretrain(tmp_path / "b", "failed", corpus, make_config, PP2_DP2,
-                              restarts=1, faults="hang@step:step=5:rank=0:attempt=0")
+                              restarts=2, faults="hang@step:step=5:rank=0:attempt=0;"
+                                                 "kill@snapshot:step=8:rank=2:attempt=1")
     out = _events(done)
     assert "recovered step 4 from peer snapshots" in out, out
     assert "(0 of 4 rank states sent by a peer" in out, out
+    assert "recovered step 6 from peer snapshots" in out, out
     steps, losses = _losses(run_dir)
-    assert steps == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12], steps
+    # step 8 was logged before its round began: trained again after the restart from step 6
+    assert steps[:12] == [1, 2, 3, 4, 5, 6, 7, 8, 7, 8, 9, 10], steps
     assert losses == reference

@@ -41,6 +41,7 @@ import torch.distributed as dist
 from bloomline.common.errors import UserError
 from bloomline.common.machine import available_memory, format_bytes, free_disk
 from bloomline.trainer.checkpoint.rng_state import rng_state
+from bloomline.trainer.parallel.peer_failure import peer_failure
 from bloomline.trainer.snapshots.local_state import flat_state
 from bloomline.trainer.snapshots.placement import Placement
 from bloomline.trainer.snapshots.recovery_plan import RecoveryPlan, plan_recovery
@@ -153,10 +154,14 @@ class PeerSnapshots:
             self._round = None
         if self._failure is not None:
             err, self._failure = self._failure, None
-            raise UserError(f"peer snapshot failed ({type(err).__name__}: {err}); the run "
-                            "stops (its checkpoints are intact): free host memory under "
-                            f"{self.store.runs.parent} or set checkpoint.snapshot_interval=0"
-                            ) from err
+            if isinstance(err, OSError) and not peer_failure(err):  # the tmpfs: full, gone
+                raise UserError(f"peer snapshot failed ({type(err).__name__}: {err}); the "
+                                "run stops (its checkpoints are intact): free host memory "
+                                f"under {self.store.runs.parent} or set "
+                                "checkpoint.snapshot_interval=0") from err
+            # anything else as it is: a peer that died mid-round is a failure a restart
+            # gets past (a UserError would end the restarts: parallel/launch.py)
+            raise err
 
     def _allocate(self, tensors: dict[str, torch.Tensor]) -> bool:
         """The staging buffer, once every rank agrees that its node has room for a round
@@ -190,6 +195,7 @@ class PeerSnapshots:
     def _run_round(self, header: ShardHeader, copied) -> None:
         try:
             started = time.perf_counter()
+            faults.fire("snapshot", step=header.step)  # a death in the middle of a round
             if copied is not None:
                 copied.synchronize()
             header.data_crc = crc32(self._staging)

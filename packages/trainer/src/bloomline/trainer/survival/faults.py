@@ -2,16 +2,16 @@
 ``BLOOMLINE_FAULTS`` syntax): ``step`` (a training step, its batch in hand, before the
 forward), ``save`` (after a checkpoint's tensors are written, before its manifest makes it
 complete; also inside an async save's background writer), ``export`` (``export-hf`` with the
-weights written into its scratch folder, before the folder moves into place), ``section``
-(a rank entering a part of its step, with ``section`` and ``step``:
+weights written into its scratch folder, before the folder moves into place), ``section`` (a
+rank entering a part of its step, with ``section`` and ``step``:
 ``reporting/step_sections.py``; ``delay`` there makes a straggler, ``stop`` a rank that stops
-answering), and the ``spike`` action at ``batch``: the micro-batch holding train sample
-``sample`` is replaced by
-the vocabulary's last two ids in turn, which the data never contains (the model has learned to
-rule them out, and with tied embeddings it favours repeating the input token, so the loss
-jumps, like a garbage batch); and the ``lose`` action at ``snapshots``: a restarted rank about to
-look for its peer snapshots finds its node's folder gone (``node``: the snapshot placement's
-node), as after the loss of a machine.
+answering), ``snapshot`` (a peer snapshot's background round of step ``step`` starting:
+``snapshots/peer_snapshots.py``), and the ``spike`` action at ``batch``: the micro-batch
+holding train sample ``sample`` is replaced by the vocabulary's last two ids in turn, which the
+data never contains (the model has learned to rule them out, and with tied embeddings it
+favours repeating the input token, so the loss jumps, like a garbage batch); and the ``lose``
+action at ``snapshots``: a restarted rank about to look for its peer snapshots finds its node's
+folder gone (``node``: the snapshot placement's node), as after the loss of a machine.
 
 The ``bitflip`` action at ``grad`` and ``param`` (silent data corruption: one flipped bit in
 a rank's gradient, transient, or in a parameter, persistent) is ``bit_flips.py``'s.
