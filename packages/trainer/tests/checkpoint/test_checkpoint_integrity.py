@@ -332,3 +332,34 @@ def test_two_ranks_save_sync_and_async_with_shared_hashing(tmp_path):
         assert {"__0_0.distcp", "__1_0.distcp", ".metadata", "rng.json", "config.toml",
                 "trainer_state.json"} == set(files)
     assert verify_checkpoint(_step(tmp_path / "sync", 2)) == []  # in one process too
+
+
+def test_a_short_write_on_a_full_disk_is_one_line_and_elsewhere_a_bug(tmp_path, monkeypatch):
+    """Bug: torch's zip writer reports a write that a full disk cut short as "unexpected pos"
+    (a RuntimeError inside DCP's CheckpointException), not as an OSError: the save then died
+    with a multi-rank traceback instead of the full-disk line, depending on which file the
+    disk filled up in. On a disk with (next to) nothing left it must be the one line; the
+    same error with space left stays a bug's traceback."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from bloomline.trainer.checkpoint import failure
+    from bloomline.trainer.checkpoint.layout import PendingSave
+
+    def failing_save():
+        pending = PendingSave(tmp_path / "checkpoints", 10, 3, True, files={})
+        pending.partial.mkdir(parents=True)
+        with failure.failed_save(pending):
+            short = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos "
+                                 "704 vs 598")
+            raise CheckpointException("save", {0: (short, None)})
+        return pending
+
+    monkeypatch.setattr(failure, "free_disk", lambda path: 4096)
+    with pytest.raises(UserError, match=r"checkpoint of step 10: cannot write .*\.step_00000010"
+                                        r"\.partial: No space left on device; the unfinished "
+                                        r"checkpoint was removed"):
+        failing_save()
+    assert not (tmp_path / "checkpoints" / ".step_00000010.partial").exists()
+    monkeypatch.setattr(failure, "free_disk", lambda path: 10 << 30)
+    with pytest.raises(CheckpointException):
+        failing_save()

@@ -10,17 +10,20 @@ The error of a full disk reaches the trainer in several shapes: an ``OSError`` (
 a file name: a ``write`` that fails names no file) from our own files, or DCP's
 ``CheckpointException`` (a ``BaseException``) that carries each rank's exception. Any of them
 holding an ``OSError`` becomes one ``UserError`` line naming the folder, the error and what to
-do; anything else (a bug) keeps its traceback.
+do; so does torch's zip writer's short-write ``RuntimeError`` ("unexpected pos") when the
+folder's file system is full at that moment; anything else (a bug) keeps its traceback.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import os
 import shutil
 from collections.abc import Iterator
 
 from bloomline.common.errors import UserError
+from bloomline.common.machine import free_disk
 from bloomline.trainer.checkpoint.layout import PendingSave, list_checkpoints
 
 __all__ = ["failed_save", "os_error_in"]
@@ -70,11 +73,50 @@ def failed_save(pending: PendingSave) -> Iterator[None]:
     try:
         yield
     except BaseException as err:
+        # read before the partial folder goes (its removal frees the space)
+        full = os_error_in(err) is None and _short_write(err) and _disk_full(pending)
         if pending.is_writer:
             shutil.rmtree(pending.partial, ignore_errors=True)
         if isinstance(err, (KeyboardInterrupt, SystemExit, UserError)):
             raise
-        error = os_error_in(err)
+        error = os_error_in(err) or (OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                                     if full else None)
         if error is None:
             raise
         raise UserError(_message(pending, error)) from err
+
+
+# torch's zip writer (``torch.save``, which DCP uses for non-tensor entries) does not raise
+# the OSError of a write that fell short: it notices later that the file is not where it
+# wrote to, and says so in a RuntimeError
+_SHORT_WRITE = ("unexpected pos", "failed writing file")
+
+
+def _short_write(exc: BaseException) -> bool:
+    """Whether torch's writer's short-write error is in ``exc`` (or what it was raised from,
+    or a DCP ``CheckpointException``'s per-rank exceptions)."""
+    todo, seen = [exc], set()
+    while todo:
+        current = todo.pop(0)
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, RuntimeError) and any(text in str(current)
+                                                     for text in _SHORT_WRITE):
+            return True
+        failures = getattr(current, "failures", None)
+        if isinstance(failures, dict):
+            todo += [pair[0] for pair in failures.values()
+                     if isinstance(pair, tuple) and pair and isinstance(pair[0], BaseException)]
+        todo.append(current.__cause__)
+    return False
+
+
+def _disk_full(pending: PendingSave) -> bool:
+    """Whether the partial folder's file system has (next to) nothing left: a short write
+    there was the disk filling up, not a bug."""
+    free = free_disk(pending.partial)
+    return free is not None and free < _NEARLY_FULL
+
+
+_NEARLY_FULL = 1 << 20  # bytes free below which a short write is taken for a full disk
