@@ -170,7 +170,7 @@ def format_report(m: dict, header: str) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=2, help="steps timed without a round")
@@ -181,6 +181,13 @@ def main(argv: list[str] | None = None) -> int:
     args.shape = "quick" if args.quick else "default"
     if args.quick:
         args.rounds = 1
+    return args
+
+
+def measure(args: argparse.Namespace) -> dict:
+    """Both ranks' rounds (rank 0's dicts), the state's size and CRC-32 time, and what was
+    printed meanwhile: ``{"rounds", "bytes", "crc_seconds", "params", "printed", "started",
+    "others", "out"}``."""
     started = time.perf_counter()
     printed = machine_report(header=False)
     print(printed, flush=True)
@@ -196,18 +203,28 @@ def main(argv: list[str] | None = None) -> int:
         mp.start_processes(_rank, args=(args, port, work, out), nprocs=WORLD, join=True,
                            start_method="spawn")
         shutil.rmtree(work, ignore_errors=True)
-    measured = out.get()
-    others = load.cores()
+    return {**out.get(), "printed": printed, "started": started, "others": load.cores(),
+            "out": args.out}
+
+
+def report(measured: dict) -> int:
+    """Print the result text and write it to ``--out`` (relative to the repository)."""
     text = format_report(measured, "\n".join([
-        header_line(f"torch {torch.__version__}", started=started), printed]))
+        header_line(f"torch {torch.__version__}", started=measured["started"]),
+        measured["printed"]]))
+    others = measured["others"]
     text += (f"\nother processes kept up to {others:.2f} cores busy"
              + (" (WARNING: shared machine, timings noisy)" if others > 0.25 else ""))
     print(text)
-    if args.out:
-        path = REPO / args.out
+    if measured["out"]:
+        path = REPO / measured["out"]
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text + "\n")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return report(measure(parse_args(argv)))
 
 
 if __name__ == "__main__":

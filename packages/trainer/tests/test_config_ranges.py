@@ -35,7 +35,7 @@ BIN = Path(sys.executable).parent
 FREE_TEXT = {"data.corpus", "data.tokenizer", "data.eod_token", "data.split", "data.cache_dir",
              "train.run_dir", "train.device", "train.profile_steps", "checkpoint.resume",
              "checkpoint.init_from", "monitor.wandb_project", "monitor.wandb_entity",
-             "monitor.wandb_run_name"}
+             "monitor.wandb_run_name", "checkpoint.snapshot_dir"}
 
 # list and table fields: a valid whole value around one item (the range holds per item)
 WRAP = {
