@@ -90,6 +90,7 @@ def _rank(rank: int, args: argparse.Namespace, port: int, work: str, out) -> Non
         r["stall"] = time.perf_counter() - start
         snapshots.wait()
         r["round"] = time.perf_counter() - start
+        r["parts"] = dict(snapshots.last_round_parts)
         dist.barrier()
         r["step_alone"] = statistics.mean(train_step(model, optimizer, tokens)
                                           for _ in range(args.steps))
@@ -165,6 +166,9 @@ def format_report(m: dict, header: str) -> str:
         limit_cell = f"{limit:8.3f}" if limit is not None else f"{'-':>8}"
         lines.append(f"{name:38} {ours:8.3f}  {base_name:26} {base:8.3f} {ours / base:6.2f}x "
                      f"{limit_cell}  {what}")
+    parts = {k: statistics.median(r["parts"][k] for r in rounds) for k in rounds[0]["parts"]}
+    lines += ["", "a round (idle), medians: " + ", ".join(f"{k} {v:.3f} s"
+                                                        for k, v in parts.items())]
     lines += ["", "steps trained while a round was in flight, per round: "
               + ", ".join(str(r["steps_during"]) for r in rounds)]
     return "\n".join(lines)

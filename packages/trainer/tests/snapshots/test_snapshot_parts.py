@@ -198,3 +198,28 @@ def test_one_process_restart_recovers_and_a_first_start_clears_stale_snapshots(
     Trainer(make_config(corpus, cfg.train.run_dir, **{**settings, "train": {
         "train_samples": 40, "log_interval": 1}}), log=lambda *_: None).run()
     assert not stale.exists()
+
+
+def test_auto_waits_after_the_next_step_only_while_a_round_fits_in_a_step(tmp_path):
+    """Bug: a round slower than a step stalls the step after every snapshot (a small model's
+    fast steps waiting seconds for the replication each time), or ``step`` mode gives up the
+    bound of ``snapshot_interval`` lost steps: auto waits after the next step while the last
+    round took less than a step, else before the next round, and says so once."""
+    from bloomline.trainer.config import Config
+    from bloomline.trainer.snapshots.peer_snapshots import PeerSnapshots
+
+    cfg, lines = Config(), []
+    snapshots = PeerSnapshots(cfg, tmp_path, None, None, 0, 1, "", lines.append)
+    assert snapshots.settles_next_step(0.5)  # no round measured yet
+    snapshots.last_round_seconds = 0.2
+    assert snapshots.settles_next_step(0.5)
+    snapshots.last_round_seconds = 2.0
+    assert not snapshots.settles_next_step(0.5) and not snapshots.settles_next_step(0.5)
+    assert len(lines) == 1 and lines[0].startswith(
+        "peer snapshots: a round takes 2.00 s, longer than a step (0.50 s): the run waits for "
+        "it before the next round instead of after the next step (no stall; a failure during "
+        "a round loses up to 19 steps instead of 10)"), lines
+    cfg.checkpoint.snapshot_wait = "step"
+    bound = PeerSnapshots(cfg, tmp_path, None, None, 0, 1, "", print)
+    bound.last_round_seconds = 2.0
+    assert bound.settles_next_step(0.5)

@@ -183,6 +183,12 @@ class CheckpointConfig:
     torchrun restarts after a failure (--max-restarts) goes on from the newest snapshot every
     rank still has, without reading the checkpoints. Taken only where a restart can use it
     (--max-restarts > 0). 0: off."""
+    snapshot_wait: str = ranged("auto", choices=("auto", "step", "round"))
+    """When a snapshot's background round is waited for: step (after the next step: a failure
+    loses at most snapshot_interval steps, and the step waits for what of the round outlasts
+    it), round (before the next round: no stall while a round takes less than the interval,
+    up to 2 x snapshot_interval - 1 steps lost), auto (step while a round takes less than a
+    step, else round, said in a line)."""
     snapshot_dir: str = path_field("/dev/shm")
     """Where a node keeps snapshots: a tmpfs (host memory that outlives the processes)."""
     snapshot_ranks_per_node: int = ranged(0, ge=0)

@@ -189,13 +189,14 @@ class RunCheckpoints:
         return path
 
     def snapshot_after(self, state: TrainState) -> None:
-        """After each step: the peer snapshot round started a step before is complete (waited
-        for here: a failure then loses at most ``checkpoint.snapshot_interval`` steps), and a
-        new round of ``state.step`` starts when due (snapshots/): what a checkpoint of the
-        step would hold, copied to host memory, replicated in the background."""
+        """After each step: a new peer snapshot round of ``state.step`` when due
+        (snapshots/): what a checkpoint of the step would hold, copied to host memory,
+        replicated in the background; else, the step after a round, that round waited for
+        when ``checkpoint.snapshot_wait`` says so (``PeerSnapshots.settles_next_step``)."""
         snapshots = self.snapshots
         if not snapshots.due(state.step):
-            if snapshots.in_flight:
+            if snapshots.in_flight and snapshots.settles_next_step(
+                    self.guard.watchdog.median_step_seconds()):
                 self.guard.watchdog.arm("a peer snapshot's replication",
                                         self.cfg.watchdog.startup_seconds)
                 snapshots.wait()

@@ -61,6 +61,8 @@ __all__ = ["PeerSnapshots", "Recovered"]
 # host memory a snapshot round may take, as a share of what is available when the first is
 # taken: the rest is the data loader's, the checkpoint staging's, the system's
 _MEMORY_SHARE = 0.5
+# seconds a failed run waits for a round in flight (torchrun SIGKILLs 30 s after its SIGTERM)
+_FAILED_RUN_WAIT = 10.0
 
 
 @dataclass
@@ -93,6 +95,7 @@ class PeerSnapshots:
         c = cfg.checkpoint
         self.interval, self.model, self.optimizer, self.log = c.snapshot_interval, model, \
             optimizer, log
+        self.wait_mode, self._said_slow = c.snapshot_wait, False
         self.layout, self.rank = layout, rank
         # only a restart of this launch can use a snapshot: without restarts, none is taken
         self.enabled = self.interval > 0 and _restarts_allowed() > 0
@@ -112,6 +115,7 @@ class PeerSnapshots:
         self._failure: BaseException | None = None
         self.last_stall_seconds = 0.0
         self.last_round_seconds = 0.0
+        self.last_round_parts: dict[str, float] = {}
 
     # -- rounds -------------------------------------------------------------------------------
     def due(self, step: int) -> bool:
@@ -146,6 +150,28 @@ class PeerSnapshots:
     @property
     def in_flight(self) -> bool:
         return self._round is not None
+
+    def settles_next_step(self, step_seconds: float) -> bool:
+        """Whether the round in flight is waited for after the step that follows it
+        (``checkpoint.snapshot_wait``): ``step`` always (a failure loses at most
+        ``snapshot_interval`` steps; the step after a round waits for what of it outlasts
+        the step), ``round`` never (the next round waits for it: no stall while a round
+        takes less than ``snapshot_interval`` steps, up to ``2 x interval - 1`` steps lost),
+        ``auto`` as ``step`` while the last round took less than a step (``step_seconds``,
+        the median), else as ``round``, said once in a line."""
+        if self.wait_mode != "auto":
+            return self.wait_mode == "step"
+        if self.last_round_seconds <= step_seconds or not step_seconds:
+            return True
+        if not self._said_slow:
+            self._said_slow = True
+            self.log(f"peer snapshots: a round takes {self.last_round_seconds:.2f} s, longer "
+                     f"than a step ({step_seconds:.2f} s): the run waits for it before the "
+                     "next round instead of after the next step (no stall; a failure during "
+                     f"a round loses up to {2 * self.interval - 1} steps instead of "
+                     f"{self.interval}); checkpoint.snapshot_wait = \"step\" keeps the "
+                     "bound at the stall's cost")
+        return False
 
     def wait(self) -> None:
         """Block until the round in flight is done; raise its failure as one line."""
@@ -195,22 +221,35 @@ class PeerSnapshots:
     def _run_round(self, header: ShardHeader, copied) -> None:
         try:
             started = time.perf_counter()
+            parts, mark = {}, started
+
+            def done(part: str) -> None:  # where a round's time goes (the benchmark's table)
+                nonlocal mark
+                parts[part] = time.perf_counter() - mark
+                mark = time.perf_counter()
+
             faults.fire("snapshot", step=header.step)  # a death in the middle of a round
             if copied is not None:
                 copied.synchronize()
             header.data_crc = crc32(self._staging)
+            done("crc")
             self.store.write(header, self._staging, "own")
+            done("own file")
             source = self.placement.source_of(self.rank)
             if source is not None:
                 replica, data = self._exchange(header)
+                done("exchange")
                 self.store.write(replica, data, "copy")
+                done("copy file")
             if self._group is not None:
                 dist.barrier(group=self._group)
+                done("barrier")
             # every rank has finished this round: the one before is no longer needed
             self.store.prune(self.rank, "own", keep=1)
             if source is not None:
                 self.store.prune(source, "copy", keep=1)
             self.last_round_seconds = time.perf_counter() - started
+            self.last_round_parts = parts
         except BaseException as err:  # noqa: BLE001 - raised in the training thread by wait
             self._failure = err
 
@@ -255,14 +294,19 @@ class PeerSnapshots:
 
     def close(self, finished: bool) -> None:
         """At the end of the run: ``finished`` (it completed or stopped with a checkpoint)
-        deletes the snapshots; a failed run keeps them for the restart."""
-        if finished:
-            self.discard()
-            for folder in (self.store.folder, self.store.folder.parent):
-                try:
-                    folder.rmdir()
-                except OSError:
-                    pass
+        deletes the snapshots; a failed run keeps them for the restart, and gives a round in
+        flight a few seconds to complete (its own file needs nothing of the other ranks; an
+        exchange with a dead peer fails or is left behind: the thread is a daemon)."""
+        if not finished:
+            if self._round is not None:
+                self._round.join(timeout=_FAILED_RUN_WAIT)
+            return
+        self.discard()
+        for folder in (self.store.folder, self.store.folder.parent):
+            try:
+                folder.rmdir()
+            except OSError:
+                pass
 
     def _round_done_quietly(self) -> None:
         if self._round is not None:
