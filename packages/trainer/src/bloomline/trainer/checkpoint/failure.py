@@ -29,25 +29,29 @@ from bloomline.trainer.checkpoint.layout import PendingSave, list_checkpoints
 __all__ = ["failed_save", "os_error_in"]
 
 
-def os_error_in(exc: BaseException) -> OSError | None:
-    """The first ``OSError`` in an exception, the exceptions it was raised from, and the
-    per-rank exceptions of a DCP ``CheckpointException``; None when there is none. (Not the
-    exceptions it was raised while handling: a bug in an ``except OSError`` block stays a
-    bug.)"""
+def _chain(exc: BaseException):
+    """``exc``, the exceptions it was raised from, and the per-rank exceptions of a DCP
+    ``CheckpointException`` (not the exceptions it was raised while handling: a bug in an
+    ``except OSError`` block stays a bug)."""
     todo, seen = [exc], set()
     while todo:
         current = todo.pop(0)
         if current is None or id(current) in seen:
             continue
         seen.add(id(current))
-        if isinstance(current, OSError) and current.errno is not None:
-            return current
+        yield current
         failures = getattr(current, "failures", None)  # CheckpointException: {rank: (exc, tb)}
         if isinstance(failures, dict):
             todo += [pair[0] for pair in failures.values()
                      if isinstance(pair, tuple) and pair and isinstance(pair[0], BaseException)]
         todo.append(current.__cause__)
-    return None
+
+
+def os_error_in(exc: BaseException) -> OSError | None:
+    """The first ``OSError`` with an errno in ``exc``'s chain (``_chain``); None when there
+    is none."""
+    return next((e for e in _chain(exc) if isinstance(e, OSError) and e.errno is not None),
+                None)
 
 
 def _message(pending: PendingSave, error: OSError) -> str:
@@ -93,23 +97,9 @@ _SHORT_WRITE = ("unexpected pos", "failed writing file")
 
 
 def _short_write(exc: BaseException) -> bool:
-    """Whether torch's writer's short-write error is in ``exc`` (or what it was raised from,
-    or a DCP ``CheckpointException``'s per-rank exceptions)."""
-    todo, seen = [exc], set()
-    while todo:
-        current = todo.pop(0)
-        if current is None or id(current) in seen:
-            continue
-        seen.add(id(current))
-        if isinstance(current, RuntimeError) and any(text in str(current)
-                                                     for text in _SHORT_WRITE):
-            return True
-        failures = getattr(current, "failures", None)
-        if isinstance(failures, dict):
-            todo += [pair[0] for pair in failures.values()
-                     if isinstance(pair, tuple) and pair and isinstance(pair[0], BaseException)]
-        todo.append(current.__cause__)
-    return False
+    """Whether torch's writer's short-write error is in ``exc``'s chain (``_chain``)."""
+    return any(isinstance(e, RuntimeError) and any(text in str(e) for text in _SHORT_WRITE)
+               for e in _chain(exc))
 
 
 def _disk_full(pending: PendingSave) -> bool:
