@@ -66,6 +66,7 @@ def _rank(rank: int, args: argparse.Namespace, port: int, work: str, out) -> Non
     from bloomline.trainer.config import Config
     from bloomline.trainer.snapshots.local_state import restore_state
     from bloomline.trainer.snapshots.peer_snapshots import PeerSnapshots
+    from bloomline.trainer.snapshots.shard_file import tensor_views
 
     model, optimizer, model_cfg = build_state(SHAPES[args.shape])
     cfg = Config()
@@ -82,50 +83,51 @@ def _rank(rank: int, args: argparse.Namespace, port: int, work: str, out) -> Non
     snapshots.take(0, {"step": 0}, timeline=0)  # the first allocates the staging buffer
     snapshots.wait()
     rounds = []
-    for index in range(args.rounds):
-        r: dict = {"copy_limit": copy_seconds(model, optimizer)}
-        dist.barrier()
-        start = time.perf_counter()
-        snapshots.take(index + 1, {"step": index + 1}, timeline=0)
-        r["stall"] = time.perf_counter() - start
-        snapshots.wait()
-        r["round"] = time.perf_counter() - start
-        r["parts"] = dict(snapshots.last_round_parts)
-        dist.barrier()
-        r["step_alone"] = statistics.mean(train_step(model, optimizer, tokens)
-                                          for _ in range(args.steps))
-        dist.barrier()
-        snapshots.take(index + 1, {"step": index + 1}, timeline=0)
-        during = []
-        while snapshots.in_flight and snapshots._round.is_alive():
-            during.append(train_step(model, optimizer, tokens))
-        snapshots.wait()
-        r["step_during"] = statistics.mean(during) if during else float("nan")
-        r["steps_during"] = len(during)
-        holding = [h for h in snapshots.store.holdings() if h.shard == rank][-1]
-        start = time.perf_counter()
-        header, data = snapshots.store.read(holding.path)
-        from bloomline.trainer.snapshots.shard_file import tensor_views
-        restore_state(model, optimizer, tensor_views(data, header.slots), header.values)
-        r["recover_read"] = time.perf_counter() - start
-        dist.barrier()
-        start = time.perf_counter()
-        saver.save(index + 1, model, optimizer, {"step": index + 1}, cfg)
-        r["async_stall"] = time.perf_counter() - start
-        saver.wait()
-        r["async_total"] = time.perf_counter() - start
-        dist.barrier()
-        start = time.perf_counter()
-        path = save_checkpoint(Path(work) / "sync", index + 1, model, optimizer,
-                               {"step": index + 1}, cfg, keep_last=1, is_writer=rank == 0)
-        r["sync"] = time.perf_counter() - start
-        dist.barrier()
-        start = time.perf_counter()  # what a restart reads without snapshots: verify + load
-        load_checkpoint(path, model, optimizer)
-        r["load"] = time.perf_counter() - start
-        rounds.append(r)
-    snapshots.close(finished=True)
-    saver.close()
+    try:
+        for index in range(args.rounds):
+            r: dict = {"copy_limit": copy_seconds(model, optimizer)}
+            dist.barrier()
+            start = time.perf_counter()
+            snapshots.take(index + 1, {"step": index + 1}, timeline=0)
+            r["stall"] = time.perf_counter() - start
+            snapshots.wait()
+            r["round"] = time.perf_counter() - start
+            r["parts"] = dict(snapshots.last_round_parts)
+            dist.barrier()
+            r["step_alone"] = statistics.mean(train_step(model, optimizer, tokens)
+                                              for _ in range(args.steps))
+            dist.barrier()
+            snapshots.take(index + 1, {"step": index + 1}, timeline=0)
+            during = []
+            while snapshots.in_flight and snapshots._round.is_alive():
+                during.append(train_step(model, optimizer, tokens))
+            snapshots.wait()
+            r["step_during"] = statistics.mean(during) if during else float("nan")
+            r["steps_during"] = len(during)
+            holding = [h for h in snapshots.store.holdings() if h.shard == rank][-1]
+            start = time.perf_counter()
+            header, data = snapshots.store.read(holding.path)
+            restore_state(model, optimizer, tensor_views(data, header.slots), header.values)
+            r["recover_read"] = time.perf_counter() - start
+            dist.barrier()
+            start = time.perf_counter()
+            saver.save(index + 1, model, optimizer, {"step": index + 1}, cfg)
+            r["async_stall"] = time.perf_counter() - start
+            saver.wait()
+            r["async_total"] = time.perf_counter() - start
+            dist.barrier()
+            start = time.perf_counter()
+            path = save_checkpoint(Path(work) / "sync", index + 1, model, optimizer,
+                                   {"step": index + 1}, cfg, keep_last=1, is_writer=rank == 0)
+            r["sync"] = time.perf_counter() - start
+            dist.barrier()
+            start = time.perf_counter()  # what a restart reads without snapshots: verify + load
+            load_checkpoint(path, model, optimizer)
+            r["load"] = time.perf_counter() - start
+            rounds.append(r)
+    finally:  # a failed run leaves no snapshot in /dev/shm (its folder is this run's alone)
+        snapshots.close(finished=True)
+        saver.close()
     if rank == 0:
         data = torch.empty(state_bytes(model, optimizer), dtype=torch.uint8)
         start = time.perf_counter()
