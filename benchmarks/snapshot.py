@@ -44,7 +44,7 @@ import torch.multiprocessing as mp
 
 from benchmarks.checkpoint import build_state, copy_seconds, state_bytes, train_step
 from benchmarks.harness.machine import OtherLoad, header_line, machine_report
-from benchmarks.harness.paths import REPO
+from benchmarks.harness.table import write_result
 
 __all__ = ["main"]
 
@@ -54,6 +54,55 @@ MBS, SEQ = 2, 128
 WORLD = 2
 
 
+def _one_round(index, snapshots, saver, model, optimizer, tokens, cfg, work, rank,
+               steps) -> dict:
+    """One round of measurements (a)-(d) on this rank (see the module docstring)."""
+    from bloomline.trainer.checkpoint import load_checkpoint, save_checkpoint
+    from bloomline.trainer.snapshots.local_state import restore_state
+    from bloomline.trainer.snapshots.shard_file import tensor_views
+
+    r: dict = {"copy_limit": copy_seconds(model, optimizer)}
+    dist.barrier()
+    start = time.perf_counter()
+    snapshots.take(index + 1, {"step": index + 1}, timeline=0)
+    r["stall"] = time.perf_counter() - start
+    snapshots.wait()
+    r["round"] = time.perf_counter() - start
+    r["parts"] = dict(snapshots.last_round_parts)
+    dist.barrier()
+    r["step_alone"] = statistics.mean(train_step(model, optimizer, tokens)
+                                      for _ in range(steps))
+    dist.barrier()
+    snapshots.take(index + 1, {"step": index + 1}, timeline=0)
+    during = []
+    while snapshots.in_flight and snapshots._round.is_alive():
+        during.append(train_step(model, optimizer, tokens))
+    snapshots.wait()
+    r["step_during"] = statistics.mean(during) if during else float("nan")
+    r["steps_during"] = len(during)
+    holding = [h for h in snapshots.store.holdings() if h.shard == rank][-1]
+    start = time.perf_counter()
+    header, data = snapshots.store.read(holding.path)
+    restore_state(model, optimizer, tensor_views(data, header.slots), header.values)
+    r["recover_read"] = time.perf_counter() - start
+    dist.barrier()
+    start = time.perf_counter()
+    saver.save(index + 1, model, optimizer, {"step": index + 1}, cfg)
+    r["async_stall"] = time.perf_counter() - start
+    saver.wait()
+    r["async_total"] = time.perf_counter() - start
+    dist.barrier()
+    start = time.perf_counter()
+    path = save_checkpoint(Path(work) / "sync", index + 1, model, optimizer,
+                           {"step": index + 1}, cfg, keep_last=1, is_writer=rank == 0)
+    r["sync"] = time.perf_counter() - start
+    dist.barrier()
+    start = time.perf_counter()  # what a restart reads without snapshots: verify + load
+    load_checkpoint(path, model, optimizer)
+    r["load"] = time.perf_counter() - start
+    return r
+
+
 def _rank(rank: int, args: argparse.Namespace, port: int, work: str, out) -> None:
     warnings.filterwarnings("ignore")
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
@@ -61,12 +110,9 @@ def _rank(rank: int, args: argparse.Namespace, port: int, work: str, out) -> Non
                       TORCHELASTIC_RUN_ID="bench")
     torch.set_num_threads(1)  # two ranks on two cores
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
-    from bloomline.trainer.checkpoint import load_checkpoint, save_checkpoint
     from bloomline.trainer.checkpoint.async_save import AsyncCheckpointer
     from bloomline.trainer.config import Config
-    from bloomline.trainer.snapshots.local_state import restore_state
     from bloomline.trainer.snapshots.peer_snapshots import PeerSnapshots
-    from bloomline.trainer.snapshots.shard_file import tensor_views
 
     model, optimizer, model_cfg = build_state(SHAPES[args.shape])
     cfg = Config()
@@ -85,46 +131,8 @@ def _rank(rank: int, args: argparse.Namespace, port: int, work: str, out) -> Non
     rounds = []
     try:
         for index in range(args.rounds):
-            r: dict = {"copy_limit": copy_seconds(model, optimizer)}
-            dist.barrier()
-            start = time.perf_counter()
-            snapshots.take(index + 1, {"step": index + 1}, timeline=0)
-            r["stall"] = time.perf_counter() - start
-            snapshots.wait()
-            r["round"] = time.perf_counter() - start
-            r["parts"] = dict(snapshots.last_round_parts)
-            dist.barrier()
-            r["step_alone"] = statistics.mean(train_step(model, optimizer, tokens)
-                                              for _ in range(args.steps))
-            dist.barrier()
-            snapshots.take(index + 1, {"step": index + 1}, timeline=0)
-            during = []
-            while snapshots.in_flight and snapshots._round.is_alive():
-                during.append(train_step(model, optimizer, tokens))
-            snapshots.wait()
-            r["step_during"] = statistics.mean(during) if during else float("nan")
-            r["steps_during"] = len(during)
-            holding = [h for h in snapshots.store.holdings() if h.shard == rank][-1]
-            start = time.perf_counter()
-            header, data = snapshots.store.read(holding.path)
-            restore_state(model, optimizer, tensor_views(data, header.slots), header.values)
-            r["recover_read"] = time.perf_counter() - start
-            dist.barrier()
-            start = time.perf_counter()
-            saver.save(index + 1, model, optimizer, {"step": index + 1}, cfg)
-            r["async_stall"] = time.perf_counter() - start
-            saver.wait()
-            r["async_total"] = time.perf_counter() - start
-            dist.barrier()
-            start = time.perf_counter()
-            path = save_checkpoint(Path(work) / "sync", index + 1, model, optimizer,
-                                   {"step": index + 1}, cfg, keep_last=1, is_writer=rank == 0)
-            r["sync"] = time.perf_counter() - start
-            dist.barrier()
-            start = time.perf_counter()  # what a restart reads without snapshots: verify + load
-            load_checkpoint(path, model, optimizer)
-            r["load"] = time.perf_counter() - start
-            rounds.append(r)
+            rounds.append(_one_round(index, snapshots, saver, model, optimizer, tokens,
+                                     cfg, work, rank, args.steps))
     finally:  # a failed run leaves no snapshot in /dev/shm (its folder is this run's alone)
         snapshots.close(finished=True)
         saver.close()
@@ -222,10 +230,8 @@ def report(measured: dict) -> int:
     text += (f"\nother processes kept up to {others:.2f} cores busy"
              + (" (WARNING: shared machine, timings noisy)" if others > 0.25 else ""))
     print(text)
-    if measured["out"]:
-        path = REPO / measured["out"]
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text + "\n")
+    header, *lines = text.split("\n")
+    write_result(measured["out"], header, lines)
     return 0
 
 

@@ -8,7 +8,7 @@ A round, step S:
 1. the training thread waits for the previous round, then copies its state's tensors
    (``local_state.flat_state``) into one staging buffer (pinned host memory on a GPU, the
    copies queued on the current stream) and hands the round to a background thread: the
-   stall is this copy (``last_stall_seconds``);
+   stall is this copy;
 2. the background thread checksums the buffer, writes the rank's own file
    (``store.py``), sends the bytes to its peer while receiving its source's (gloo, on a
    process group of its own: the training thread owns the default group), writes that
@@ -29,6 +29,7 @@ persistent checkpoints are unchanged by all this.
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import threading
 import time
@@ -113,7 +114,6 @@ class PeerSnapshots:
         self._slots = None
         self._round: threading.Thread | None = None
         self._failure: BaseException | None = None
-        self.last_stall_seconds = 0.0
         self.last_round_seconds = 0.0
         self.last_round_parts: dict[str, float] = {}
 
@@ -123,9 +123,9 @@ class PeerSnapshots:
 
     def take(self, step: int, trainer_state: dict, timeline: int) -> None:
         """Snapshot the state after ``step`` (``trainer_state``: what a checkpoint's
-        ``trainer_state.json`` would hold): copy it to the staging buffer here, the rest in
-        the background. Raises the previous round's failure, if it failed."""
-        started = time.perf_counter()
+        ``trainer_state.json`` would hold): copy it to the staging buffer here (the training
+        thread's stall), the rest in the background. Raises the previous round's failure, if
+        it failed."""
         self.wait()
         tensors, values, _ = flat_state(self.model, self.optimizer)
         if self._staging is None and not self._allocate(tensors):
@@ -145,7 +145,6 @@ class PeerSnapshots:
         self._round = threading.Thread(target=self._run_round, args=(header, copied),
                                        name="bloomline-snapshot", daemon=True)
         self._round.start()
-        self.last_stall_seconds = time.perf_counter() - started
 
     @property
     def in_flight(self) -> bool:
@@ -334,8 +333,6 @@ class PeerSnapshots:
         started = time.perf_counter()
         if faults.lost("snapshots", node=self.placement.node) \
                 and self.rank % self.placement.per_node == 0:
-            import shutil
-
             shutil.rmtree(self.store.folder, ignore_errors=True)
         if self._group is not None:
             dist.barrier(group=self._group)  # a lost node's folder is gone for every rank

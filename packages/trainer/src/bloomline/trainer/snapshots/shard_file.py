@@ -25,13 +25,14 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["ALIGN", "FORMAT", "MAGIC", "ShardHeader", "TensorSlot", "crc32", "decode_header",
-           "encode_header", "plan_slots", "tensor_views"]
+__all__ = ["ALIGN", "FORMAT", "MAGIC", "PREFIX_SIZE", "ShardHeader", "TensorSlot", "crc32",
+           "decode_header", "encode_header", "header_end", "plan_slots", "tensor_views"]
 
 MAGIC = b"BLSNAP\x00\x01"
 FORMAT = 1
 ALIGN = 64  # a slot's offset: aligned for any dtype's view (and for vector copies)
 _PREFIX = struct.Struct("<8sQ")
+PREFIX_SIZE = _PREFIX.size  # magic and the header's length
 _DTYPES = {str(d): d for d in (torch.float32, torch.float64, torch.float16, torch.bfloat16,
                                torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8,
                                torch.bool)}
@@ -124,18 +125,28 @@ def encode_header(header: ShardHeader) -> bytes:
     return head + b"\0" * (-len(head) % ALIGN)
 
 
-def decode_header(prefix: bytes) -> tuple[ShardHeader, int]:
-    """(header, data offset) from a file's first bytes (at least the whole header).
+def header_end(prefix: bytes) -> int:
+    """Where the header's JSON ends, from a file's first ``PREFIX_SIZE`` bytes (what a reader
+    must have read before ``decode_header``).
 
     Raises:
-        ValueError: Not a snapshot, a truncated header, or fields that do not check out.
+        ValueError: Not a snapshot (too short, or another magic).
     """
     if len(prefix) < _PREFIX.size:
         raise ValueError("shorter than a snapshot header")
     magic, length = _PREFIX.unpack_from(prefix)
     if magic != MAGIC:
         raise ValueError("not a bloomline snapshot (bad magic)")
-    end = _PREFIX.size + length
+    return _PREFIX.size + length
+
+
+def decode_header(prefix: bytes) -> tuple[ShardHeader, int]:
+    """(header, data offset) from a file's first bytes (at least the whole header).
+
+    Raises:
+        ValueError: Not a snapshot, a truncated header, or fields that do not check out.
+    """
+    end = header_end(prefix)
     if len(prefix) < end:
         raise ValueError("truncated header")
     try:

@@ -28,7 +28,14 @@ from pathlib import Path
 
 import torch
 
-from bloomline.trainer.snapshots.shard_file import ShardHeader, crc32, decode_header, encode_header
+from bloomline.trainer.snapshots.shard_file import (
+    PREFIX_SIZE,
+    ShardHeader,
+    crc32,
+    decode_header,
+    encode_header,
+    header_end,
+)
 
 __all__ = ["Holding", "HostStore", "run_hash"]
 
@@ -106,16 +113,9 @@ class HostStore:
             ValueError: Not a snapshot, truncated, or its data does not match its CRC.
         """
         with open(path, "rb") as fh:
-            prefix = fh.read(1 << 16)
-            while True:
-                try:
-                    header, offset = decode_header(prefix)
-                    break
-                except ValueError as err:
-                    more = fh.read(len(prefix)) if "truncated" in str(err) else b""
-                    if not more:
-                        raise
-                    prefix += more
+            prefix = fh.read(PREFIX_SIZE)
+            prefix += fh.read(header_end(prefix) - len(prefix))
+            header, offset = decode_header(prefix)
             fh.seek(offset)
             data = torch.empty(header.data_bytes, dtype=torch.uint8)
             if header.data_bytes and fh.readinto(memoryview(data.numpy())) != header.data_bytes:
