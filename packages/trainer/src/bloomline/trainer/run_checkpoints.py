@@ -83,13 +83,13 @@ class RunCheckpoints:
         win). None when there is none to resume: the caller starts the run."""
         setting = self.cfg.checkpoint.resume
         path = None
-        if setting == "auto" and self.snapshots.can_recover():
-            recovered = self._recover(skips)
-            if recovered is not None:
-                return recovered
-        elif setting == "auto":
-            self.snapshots.clear_stale()
         if setting == "auto":
+            if self.snapshots.can_recover():  # a restart: the peer snapshots first
+                recovered = self._recover(skips)
+                if recovered is not None:
+                    return recovered
+            else:  # a first start: what an earlier job left is stale
+                self.snapshots.clear_stale()
             path = latest_checkpoint(self.run_dir, log=self.log)
         elif setting != "none":
             path = Path(setting)
@@ -168,9 +168,7 @@ class RunCheckpoints:
         """A checkpoint of ``state.step`` (in the background with ``checkpoint.async``);
         records the loss scale and spike history into ``state`` first."""
         cfg, step = self.cfg, state.step
-        state.loss_scale = self.precision.state_dict()
-        state.spike_history = self.guard.detector.state_dict()
-        saved = state.state_dict()
+        saved = self._saved_state(state)
         check_finite_weights(self.model, f"step {step}",
                              "not saved as a checkpoint (the newest complete one stays); "
                              "resume from it with a lower optimizer.lr")
@@ -188,6 +186,13 @@ class RunCheckpoints:
         self.guard.last_save_seconds = time.perf_counter() - started
         return path
 
+    def _saved_state(self, state: TrainState) -> dict:
+        """``trainer_state.json``'s object, the loss scale and spike history recorded into
+        ``state`` first: what a checkpoint and a snapshot carry."""
+        state.loss_scale = self.precision.state_dict()
+        state.spike_history = self.guard.detector.state_dict()
+        return state.state_dict()
+
     def snapshot_after(self, state: TrainState) -> None:
         """After each step: a new peer snapshot round of ``state.step`` when due
         (snapshots/): what a checkpoint of the step would hold, copied to host memory,
@@ -202,11 +207,10 @@ class RunCheckpoints:
                 snapshots.wait()
                 self.guard.watchdog.disarm()
             return
-        state.loss_scale = self.precision.state_dict()
-        state.spike_history = self.guard.detector.state_dict()
+        saved = self._saved_state(state)
         self.guard.watchdog.arm(f"peer snapshot of step {state.step}",
                                 self.cfg.watchdog.startup_seconds)
-        snapshots.take(state.step, state.state_dict(), timeline=state.rollbacks)
+        snapshots.take(state.step, saved, timeline=state.rollbacks)
         self.guard.watchdog.disarm()
 
     def raise_if_failed(self) -> None:
