@@ -556,3 +556,34 @@ def test_chunks_account_for_every_byte_of_the_job(tmp_path, count):
         part = shard_sources(sources, k, count) if count > 1 else sources
         chunks = list(iter_chunks(part, max_chunk_bytes=4096))
         assert sum(c.source_bytes for c in chunks) == sum(s.work_bytes for s in part)
+
+
+def test_a_part_without_input_says_why_and_still_merges(tiny_tokenizer, tmp_path, dataprep):
+    """Bug: `tokenize --shard 1/2` of a corpus of one .jsonl.zst writes an empty part without
+    a word (the compressed file cannot be split, so shard 0 reads it whole), or writes no
+    part so that merge of all parts fails."""
+    raw = tmp_path / "x.jsonl.zst"
+    raw.write_bytes(zstandard.ZstdCompressor().compress(_jsonl(_texts(13, 20))))
+    common = (raw, "--tokenizer", tiny_tokenizer, "--quiet")
+    code, _, err0 = dataprep("tokenize", *common, "--output", tmp_path / "p0", "--shard", "0/2")
+    assert code == 0 and "warning" not in err0
+    code, _, err1 = dataprep("tokenize", *common, "--output", tmp_path / "p1", "--shard", "1/2")
+    assert code == 0
+    assert (f"warning: shard 1/2 gets no input: {raw} is one compressed file and cannot be "
+            "split (shard 0/2 reads it whole); the part is written empty, and merge takes it "
+            "(use --shard with more files or uncompressed input)") in err1
+    assert IndexedDataset(tmp_path / "p1").num_documents == 0
+    _merge(dataprep, [tmp_path / "p0", tmp_path / "p1"], tmp_path / "merged")
+    _tokenize([raw], tiny_tokenizer, tmp_path / "single")
+    _assert_same_bytes(tmp_path / "merged", tmp_path / "single")
+
+
+def test_a_part_inside_one_line_names_the_line_rule(tiny_tokenizer, tmp_path, capsys):
+    """Bug: a part whose bytes hold no line start (more parts than lines) empty without a
+    word."""
+    (tmp_path / "a.jsonl").write_bytes(_jsonl(_texts(14, 2, low=40, high=50)))
+    _tokenize([tmp_path / "a.jsonl"], tiny_tokenizer, tmp_path / "p1", shard=(1, 8))
+    err = capsys.readouterr().err
+    assert err.startswith(f"warning: shard 1/8 gets no input: no line of {tmp_path}/a.jsonl "
+                          "starts in the bytes of it this part owns"), err
+    assert err.rstrip().endswith("(use fewer parts)")

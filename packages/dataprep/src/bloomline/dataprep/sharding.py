@@ -44,6 +44,7 @@ from bloomline.dataprep.formats import FORMATS, Source
 __all__ = [
     "ShardRecord",
     "check_shard_parts",
+    "empty_part_warning",
     "format_merge_summary",
     "parse_shard",
     "shard_record_path",
@@ -86,6 +87,44 @@ def shard_sources(sources: list[Source], index: int, count: int,
             parts.append(part)
         offset += source.size
     return parts
+
+
+def empty_part_warning(sources: list[Source], index: int, count: int,
+                       txt_per_line: bool = False) -> str:
+    """The line a part that got no document prints: why its share of the job holds no unit
+    (the file its byte range starts in, and why that file is not cut there), that the part is
+    still written (empty, so that ``merge`` of all N parts works), and what to do."""
+    total = sum(s.size for s in sources)
+    low = index * total // count
+    reason = (f"the inputs hold {total:,} bytes in {len(sources)} file(s), too few for "
+              f"{count} parts", "use fewer parts")
+    offset = 0
+    for source in sources:
+        if offset <= low < offset + source.size:
+            reason = _why_not_cut(source, low - offset, offset, total, count, txt_per_line)
+            break
+        offset += source.size
+    return (f"warning: shard {index}/{count} gets no input: {reason[0]}; the part is written "
+            f"empty, and merge takes it ({reason[1]})")
+
+
+def _why_not_cut(source: Source, at: int, offset: int, total: int, count: int,
+                 txt_per_line: bool) -> tuple[str, str]:
+    """Why ``source``, where this part's range starts (``at`` bytes into it, ``offset`` into
+    the job), has no unit in this part, and what to do."""
+    if source.compression is not None:
+        owner = max(k for k in range(count) if k * total // count <= offset)
+        return (f"{source.path} is one compressed file and cannot be split (shard "
+                f"{owner}/{count} reads it whole)",
+                "use --shard with more files or uncompressed input")
+    if FORMATS[source.format].groups_whole_files(txt_per_line):
+        return (f"{source.path} is one document (a whole .txt file) and is not split",
+                "use fewer parts, or --txt-per-line")
+    if source.format in ("jsonl", "txt"):
+        return (f"no line of {source.path} starts in the bytes of it this part owns (from "
+                f"byte {at:,}; a line is never split)", "use fewer parts")
+    return (f"no {'row group' if source.format == 'parquet' else 'row'} of {source.path} "
+            "starts in the bytes of it this part owns", "use fewer parts")
 
 
 # ------------------------------------------------------------------ the record of each part

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import glob
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -32,6 +33,7 @@ from bloomline.dataprep.formats.base import (
     Source,
 )
 from bloomline.dataprep.formats.lines import count_lines_before, read_line_range
+from bloomline.dataprep.input_overlap import drop_repeated_sources
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
@@ -94,24 +96,30 @@ def _source_for_path(path: str) -> list[Source]:
 def expand_inputs(inputs: list[str]) -> list[Source]:
     """Resolve files, globs and directories, in argument order (globs and folders sorted).
 
+    A file named twice (a folder and a file in it, ``./x`` and ``x``, a link and its target)
+    is read once, at its first place, with a ``warning:`` line on stderr
+    (:mod:`~bloomline.dataprep.input_overlap`).
+
     Raises:
         UserError: for a path that does not exist, a glob or folder that matches nothing, or
             an unsupported file type.
     """
     if not inputs:
         raise UserError("no INPUT given")
-    sources: list[Source] = []
+    groups: list[tuple[str, bool, list[Source]]] = []
     for arg in inputs:
         if glob.has_magic(arg):
             matches = sorted(glob.glob(arg, recursive=True))
             if not matches:
                 raise UserError(f"{arg}: glob matches no file")
-            for match in matches:
-                sources.extend(_source_for_path(match))
+            groups.append((arg, True, [s for match in matches for s in _source_for_path(match)]))
         elif os.path.exists(arg):
-            sources.extend(_source_for_path(arg))
+            groups.append((arg, os.path.isdir(arg), _source_for_path(arg)))
         else:
             raise UserError(f"{arg}: no such file or directory")
+    sources, notes = drop_repeated_sources(groups)
+    for note in notes:
+        print(note, file=sys.stderr)
     return sources
 
 

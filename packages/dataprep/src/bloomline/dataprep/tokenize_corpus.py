@@ -64,7 +64,12 @@ from bloomline.dataprep.documents import DEFAULT_MAX_DOCUMENT_BYTES
 from bloomline.dataprep.fingerprint import fingerprint_path, write_fingerprint
 from bloomline.dataprep.indexed_dataset import IndexedDatasetWriter
 from bloomline.dataprep.ray_tasks import ray_results_in_flight
-from bloomline.dataprep.sharding import shard_record_path, shard_sources, write_shard_record
+from bloomline.dataprep.sharding import (
+    empty_part_warning,
+    shard_record_path,
+    shard_sources,
+    write_shard_record,
+)
 from bloomline.dataprep.sources import DEFAULT_CHUNK_BYTES, Chunk, expand_inputs, iter_chunks
 from bloomline.dataprep.tokenizer import load_tokenizer
 
@@ -508,6 +513,8 @@ def tokenize_corpus(
             "free space and rerun") from None
     progress.close()
     summary.seconds = progress.elapsed
+    if shard is not None and not summary.num_documents and not summary.num_skipped:
+        print(empty_part_warning(all_sources, *shard, txt_per_line), file=sys.stderr)
     if shard is not None:  # last: its presence says the part is complete
         for key, prefix in outputs.items():
             write_shard_record(prefix, *shard, all_sources, sources, summary.for_output(key),
