@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import inspect as pyinspect
 import json
 import sys
@@ -227,3 +228,34 @@ def test_document_repeats_without_the_extra_token(tmp_path):
         repeats = document_repeats(component, served)
         assert (repeats["max"], repeats["unseen"]) == (seen.max(), np.mean(seen == 0))
         assert repeats["mean"] == pytest.approx(seen.mean())
+
+
+def test_weight_zero_leaves_a_dataset_out_and_is_named_like_build_index(corpus, tmp_path,
+                                                                       inspect, capsys,
+                                                                       monkeypatch):
+    """Bug: `--weight b=0` (what the trainer's data.weights.b=0 means: b left out) refused by
+    the inspection commands, or accepted without naming b in their report, so the user
+    cannot see that the samples come from a alone; all weights 0 worded differently from
+    build-index."""
+    cache = tmp_path / "cache"
+    zero = _index_args(cache, weights={"a": 1, "b": 0})
+    code, out, err = inspect("blend", corpus["dir"], *zero)
+    assert code == 0, err
+    assert "  left out (weight 0): b" in out.splitlines()
+    code, out, _ = inspect("blend", corpus["dir"], *zero, "--json")
+    result = json.loads(out)
+    assert list(result["datasets"]) == ["a"] and result["left_out"] == ["b"]
+    code, out, _ = inspect("sample", corpus["dir"], "--index", 7, *zero, "--json")
+    assert code == 0 and json.loads(out)["dataset"] == "a"
+    if importlib.util.find_spec("matplotlib"):  # an optional extra
+        code, out, _ = inspect("plot", corpus["dir"], "--out", tmp_path / "p.png", *zero)
+        assert code == 0 and out.strip().endswith("train split; left out (weight 0): b")
+    code, _, tools_err = inspect("blend", corpus["dir"],
+                                 *_index_args(cache, weights={"a": 0, "b": 0}))
+    monkeypatch.setattr(sys, "argv", ["dataprep", "build-index", str(corpus["dir"]),
+                                      *map(str, _index_args(cache, weights={"a": 0, "b": 0}))])
+    with pytest.raises(SystemExit):
+        dataprep_cli.main()
+    dataprep_err = capsys.readouterr().err
+    assert code == 1
+    assert tools_err == dataprep_err == "error: --weight: the weights must not all be zero\n"

@@ -209,7 +209,7 @@ def test_defaults_and_recipes_are_in_range():
     (["parallel.offload=true"], "parallel.offload needs parallel.zero_stage = 3"),
     (["train.device=mps"], "train.device = 'mps': expected cpu, cuda, cuda:N or auto"),
     (["data.split=1,2,3,4"], "data.split '1,2,3,4': expected up to three non-negative"),
-    (["data.weights={a=0}"], "data.weights {'a': 0.0}: the weights must not all be zero"),
+    (["data.weights={a=0, b=0}"], "data.weights: the weights must not all be zero"),
     (["train.profile_steps=5:2"], "train.profile_steps '5:2': expected A:B"),
     (["train.rampup_batch_size=[1, 1]"], "train.rampup_batch_size: expected [start, increment"),
 ])

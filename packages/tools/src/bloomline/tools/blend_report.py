@@ -130,7 +130,8 @@ def summarize_blend(built: BuiltIndex, split: str = "train", request_split: str 
             "repeats": document_repeats(components[number], int(used)),
         }
     return {"corpus": built.report["corpus"], "split": split, "samples": total,
-            "requested": info["requested"], "blend": "blend" in info, "datasets": rows}
+            "requested": info["requested"], "blend": "blend" in info, "datasets": rows,
+            "left_out": info.get("left_out", [])}
 
 
 def format_blend(result: dict) -> str:
@@ -151,4 +152,6 @@ def format_blend(result: dict) -> str:
         kind += f", SHORT of the {requested:,} requested: no weights, one epoch each"
     lines = [f"{result['corpus']}: {result['split']} split, {result['samples']:,} samples "
              f"({kind}); realized share of samples per dataset; documents seen per dataset"]
-    return "\n".join(lines + format_table(rows))
+    left_out = ([f"  left out (weight 0): {', '.join(result['left_out'])}"]  # as build-index
+                if result.get("left_out") else [])
+    return "\n".join(lines + format_table(rows) + left_out)

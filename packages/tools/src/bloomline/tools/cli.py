@@ -204,7 +204,8 @@ def plot(
         built = _built(corpus_dir, request, cache_dir)
         result = plot_corpus(corpus_dir, built, out, from_split, request.split, overwrite)
     _echo(result, json_output,
-          lambda r: f"wrote {r['out']}: {', '.join(r['datasets'])}, {r['split']} split")
+          lambda r: f"wrote {r['out']}: {', '.join(r['datasets'])}, {r['split']} split"
+          + (f"; left out (weight 0): {', '.join(r['left_out'])}" if r["left_out"] else ""))
 
 
 def main(argv: list[str] | None = None) -> None:

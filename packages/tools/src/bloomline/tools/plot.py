@@ -106,4 +106,5 @@ def plot_corpus(corpus_dir: str | os.PathLike, built: BuiltIndex, out: str | os.
     figure.savefig(buffer, format=os.fspath(out).rsplit(".", 1)[-1].lower(), dpi=100)
     atomic_write_bytes(out, buffer.getvalue(), overwrite=overwrite)
     return {"out": str(out), "datasets": curves["names"], "split": split,
-            "samples": curves["samples"]}
+            "samples": curves["samples"],
+            "left_out": built.report["splits"][split].get("left_out", [])}

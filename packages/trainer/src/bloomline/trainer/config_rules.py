@@ -10,6 +10,7 @@ import re
 from bloomline.common.config_loader import check_ranges
 from bloomline.common.errors import SettingError, UserError
 from bloomline.dataprep import parse_split
+from bloomline.dataprep.blending import blended_datasets
 from bloomline.trainer.config import Config, DataConfig
 from bloomline.trainer.dataprep_keys import DATAPREP_KEYS
 from bloomline.trainer.parallel.mesh import Layout
@@ -84,8 +85,11 @@ def _check_data(d: DataConfig) -> None:
         parse_split(d.split)
     except SettingError as err:  # dataprep's setting, worded as the trainer's key
         raise err.named(DATAPREP_KEYS) from None
-    if d.weights and not any(weight > 0 for weight in d.weights.values()):
-        raise UserError(f"data.weights {d.weights}: the weights must not all be zero")
+    if d.weights:  # the blend's rule, in build-index's words (weight 0 leaves a dataset out)
+        try:
+            blended_datasets(d.weights)
+        except SettingError as err:
+            raise err.named(DATAPREP_KEYS) from None
 
 
 def _check_layout(cfg: Config) -> None:
