@@ -27,6 +27,7 @@ import torch
 from bloomline.common.errors import UserError
 from bloomline.common.machine import format_bytes, memory_limit
 from bloomline.trainer.config_rules import pipeline_microbatches
+from bloomline.trainer.data.end_of_document import masks_documents, missing_eod
 from bloomline.trainer.kernels.cpu.vector_math import warm_vector_math
 from bloomline.trainer.model import GPT, ModelConfig, build_model
 from bloomline.trainer.optim import build_optimizer
@@ -35,6 +36,7 @@ from bloomline.trainer.parallel.zero_engine import uses_buffers_engine
 from bloomline.trainer.precision import Precision
 from bloomline.trainer.run_spec import RunSpec
 from bloomline.trainer.step import PlainRunner, StepRunner
+from bloomline.trainer.step.document_masks import DocumentMasks
 from bloomline.trainer.step.sample_forward import loss_functions
 
 __all__ = ["BuiltRun", "build_run", "check_model_fits"]
@@ -79,6 +81,17 @@ def check_model_fits(model: ModelConfig, device: torch.device) -> None:
             f"num_layers {model.num_layers}, vocab_size {model.vocab_size}) need "
             f"{format_bytes(needed)} to initialize in fp32, more than {where} "
             f"({format_bytes(limit)}); check the model's sizes")
+
+
+def _document_masks(spec: RunSpec, tensors: str) -> DocumentMasks | None:
+    """The run's document masking (None: off). Meta and fake builds (the planner) need no
+    real EOD id: their tokens are random."""
+    data = spec.config.data
+    if not masks_documents(data):
+        return None
+    if spec.eod_id is None and tensors == "real":
+        raise missing_eod(data)
+    return DocumentMasks(spec.eod_id or 0, data.reset_attention_mask, data.eod_mask_loss)
 
 
 def build_run(spec: RunSpec, mesh, device: torch.device, tensors: str = "real") -> BuiltRun:
@@ -136,5 +149,6 @@ def build_run(spec: RunSpec, mesh, device: torch.device, tensors: str = "real") 
     else:
         runner = PlainRunner(model, optimizer, precision, device, tp_mesh, loss_fn,
                              loss_context, dp_group, clip, mbs)
+    runner.documents = _document_masks(spec, tensors)
     return BuiltRun(spec, mesh, model, chunks, list(stage_layers), stage_ids, optimizer,
                     precision, runner)

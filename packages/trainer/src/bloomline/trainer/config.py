@@ -34,6 +34,19 @@ class DataConfig:
     eod_token: str = ""
     """The token that ends documents, when the tokenizer does not say (as dataprep tokenize
     --eod-token); empty: the tokenizer's own (eos, or a well-known end-of-text token)."""
+    reset_attention_mask: bool = False
+    """Attention stays within each document of a packed sample: after an end-of-document
+    token, later positions do not attend to it or before it (Megatron's
+    --reset-attention-mask). Needs the EOD id: data.tokenizer's, or the corpus's token files
+    record it. See "Document masking" in the trainer README."""
+    eod_mask_loss: bool = False
+    """No loss where the input token is the end-of-document token (the prediction across a
+    document boundary; Megatron's --eod-mask-loss)."""
+    reset_position_ids: bool = False
+    """Megatron's --reset-position-ids, accepted for its users: with ALiBi there are no
+    position ids, and the within-document distances a reset gives are what
+    data.reset_attention_mask gives, so true is allowed only together with it (alone it
+    would do nothing)."""
     seq_length: int = ranged(2048, ge=1, le=2**20)
     """L of the sample index: samples hold L + 1 tokens. Training uses up to this length."""
     split: str = "969,30,1"

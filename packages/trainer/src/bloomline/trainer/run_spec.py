@@ -28,6 +28,12 @@ from bloomline.common.errors import UserError
 from bloomline.trainer.config import Config, load_trainer_config
 from bloomline.trainer.config_rules import resolve_layout
 from bloomline.trainer.data import check_vocabulary, load_run_tokenizer
+from bloomline.trainer.data.end_of_document import (
+    check_document_settings,
+    masks_documents,
+    missing_eod,
+    run_eod_id,
+)
 from bloomline.trainer.model.config import padded_vocab_size
 from bloomline.trainer.model_source import ModelSource, resolve_model_settings
 from bloomline.trainer.parallel.mesh import Layout
@@ -40,13 +46,16 @@ __all__ = ["RunSpec", "load_run", "model_overrides", "run_device", "settle"]
 class RunSpec:
     """A settled run: ``config`` (frozen), this rank's ``layout``, where the model comes from
     (``model_source``), the ``device`` it was settled for and ``warnings`` to tell the user
-    (an explicit precision the device runs slowly)."""
+    (an explicit precision the device runs slowly). ``eod_id``: the end-of-document id when
+    the run masks documents (``data.reset_attention_mask``, ``data.eod_mask_loss``; None
+    when it does not, or when a spec settled without the tokenizer check could not find it)."""
 
     config: Config
     layout: Layout
     model_source: ModelSource
     device: torch.device
     warnings: tuple[str, ...] = ()
+    eod_id: int | None = None
 
 
 def run_device(name: str) -> torch.device:
@@ -100,7 +109,8 @@ def settle(cfg: Config, world_size: int = 1, rank: int = 0, *,
     # multiple of 128 x tp)
     layout = resolve_layout(cfg, world_size, rank)
     _settle_vocabulary(cfg, check_tokenizer)
-    return RunSpec(freeze(cfg), layout, source, device, warnings)
+    eod_id = _settle_documents(cfg, check_tokenizer)
+    return RunSpec(freeze(cfg), layout, source, device, warnings, eod_id)
 
 
 def _settle_precision(cfg: Config, device: torch.device) -> tuple[str, ...]:
@@ -128,6 +138,19 @@ def _settle_vocabulary(cfg: Config, check: bool) -> None:
                                                  tensor_parallel=cfg.parallel.tensor_parallel)
     if check:
         check_vocabulary(cfg.data, cfg.model.vocab_size)
+
+
+def _settle_documents(cfg: Config, check: bool) -> int | None:
+    """The EOD id of a run that masks documents (``data/end_of_document.py``); without it a
+    UserError when ``check``, else None (the planner and ``trainer config``: the files may
+    live elsewhere; ``build_run`` refuses a real run without it)."""
+    check_document_settings(cfg.data)
+    if not masks_documents(cfg.data):
+        return None
+    eod_id = run_eod_id(cfg.data)
+    if eod_id is None and check:
+        raise missing_eod(cfg.data)
+    return eod_id
 
 
 def _exists(tokenizer: str) -> bool:

@@ -8,6 +8,8 @@ Modules:
 - ``workers.py``: the loader's worker processes (tracked, closed by ``close_loader``, dead
   with the trainer);
 - ``run_tokenizer.py``: ``load_run_tokenizer``, the run's tokenizer, loaded once per process;
+- ``end_of_document.py``: ``run_eod_id``, the id ending documents (tokenizer or corpus), for
+  ``data.reset_attention_mask`` / ``data.eod_mask_loss``;
 - ``vocabulary.py``: ``check_vocabulary`` and ``check_token_ids``, the tokenizer, corpus and
   batches against the model's vocabulary;
 - ``blend_sources.py``: ``blend_of`` and ``sample_sources``, which dataset of a blend each

@@ -34,6 +34,7 @@ from torch import nn
 from bloomline.trainer.kernels.cpu.attention_core import alibi_attention_core, uses_core
 from bloomline.trainer.kernels.cpu.linear import Linear
 from bloomline.trainer.model.config import ModelConfig
+from bloomline.trainer.model.documents import document_bias, document_block_mask, visible_keys
 from bloomline.trainer.model.layers import compute_dtype
 from bloomline.trainer.model.position import position_encoding
 
@@ -100,21 +101,26 @@ class Attention(nn.Module):
                                   self.head_start + self.num_heads, seq_length, str(device),
                                   dtype)
 
-    def bias_for(self, seq_length: int, device: torch.device) -> torch.Tensor | None:
+    def bias_for(self, seq_length: int, device: torch.device,
+                 document_ids: torch.Tensor | None = None):
         """The position encoding's causal bias this layer's kernel adds ([heads, L, L]; None
-        for flex, which computes it in its score_mod). Built outside the layer's forward so
-        that a compiled layer takes it as an input instead of tracing the cache."""
+        for flex, which computes it in its score_mod). With ``document_ids`` [b, L] (attention
+        within each document of a packed sample, ``model/documents.py``): the bias with -inf
+        across documents, [b, heads, L, L], and for flex the per-sample ``BlockMask``. Built
+        outside the layer's forward so that a compiled layer takes it as an input instead of
+        tracing the cache."""
         kernel = resolve_kernel(self.kernel, device)
         if kernel == "flex":
-            return None
+            return None if document_ids is None else document_block_mask(document_ids)
         dtype = compute_dtype(self.query_key_value.weight)
         if kernel == "eager":
             dtype = softmax_dtype(dtype, device, self.softmax_fp32)
-        return self._bias(seq_length, device, dtype)
+        bias = self._bias(seq_length, device, dtype)
+        return bias if document_ids is None else document_bias(bias, document_ids)
 
-    def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, bias=None) -> torch.Tensor:
         """``x`` [b, L, hidden] -> [b, L, hidden]; ``bias`` from ``bias_for`` (computed here
-        when not given)."""
+        when not given): [heads, L, L], per sample [b, heads, L, L], or flex's BlockMask."""
         seq_length = x.shape[1]
         kernel = resolve_kernel(self.kernel, x.device)
         if bias is None and kernel != "flex":
@@ -124,7 +130,7 @@ class Attention(nn.Module):
             q, k, _ = self._split_heads(qkv)
             if self.position.rotates_qk:
                 q, k = self.position.rotate(q, k)
-            self.max_logit = self._max_logit(q, k)
+            self.max_logit = self._max_logit(q, k, bias)
         dropout = self.dropout if self.training else 0.0
         if kernel == "eager":
             return self.dense(self._eager(qkv, bias, dropout))
@@ -134,10 +140,11 @@ class Attention(nn.Module):
         if kernel == "sdpa":
             # a 4-D mask keeps the fused CPU kernel (a 3-D one falls back to the generic path,
             # which upcasts bf16 to fp32; docs/perf/cpu-kernels.md)
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias[None].to(q.dtype),
+            mask = bias if bias.dim() == 4 else bias[None]
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype),
                                                  dropout_p=dropout)
         else:
-            out = self._flex(q, k, v)
+            out = self._flex(q, k, v, bias)
         return self.dense(self._merge_heads(out))
 
     def _split_heads(self, qkv: torch.Tensor):
@@ -166,29 +173,38 @@ class Attention(nn.Module):
         dtype = softmax_dtype(scores.dtype, scores.device, self.softmax_fp32)
         if scores.dtype != dtype:
             scores = scores.float()
-        # in place: the matmul's backward does not need its output
+        # in place: the matmul's backward does not need its output; a per-sample bias
+        # [b, heads, L, L] (documents) adds as it is, a shared one broadcasts over b
         scores.add_(bias.to(dtype))  # no-op cast: bias_for made it in this dtype
         probs = torch.softmax(scores, dim=-1).to(v.dtype)
         probs = F.dropout(probs, dropout, self.training)
         return self._merge_heads(torch.matmul(probs, v))
 
-    def _flex(self, q, k, v) -> torch.Tensor:
+    def _flex(self, q, k, v, block_mask=None) -> torch.Tensor:
+        """``block_mask``: the documents' per-sample mask (``bias_for``); None: causal."""
         if self.dropout and self.training:
             raise ValueError("model.attention = 'flex' has no attention dropout; use sdpa or "
                              "eager, or set model.attention_dropout = 0")
         score_mod = self.position.score_mod(self.total_heads, self.head_start,
                                             self.head_start + self.num_heads, q.device)
-        mask = _causal_block_mask(q.shape[2], str(q.device))
+        mask = (block_mask if block_mask is not None
+                else _causal_block_mask(q.shape[2], str(q.device)))
         return _compiled_flex_attention()(q, k, v, score_mod=score_mod, block_mask=mask)
 
     @torch.no_grad()
-    def _max_logit(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-        """max |q.k / sqrt(d) + bias| over the causal region, one sequence at a time (the
-        L x L scores of a whole batch would cost more memory than the step)."""
-        bias = self._bias(q.shape[2], q.device, torch.float32)
+    def _max_logit(self, q: torch.Tensor, k: torch.Tensor, mask=None) -> torch.Tensor:
+        """max |q.k / sqrt(d) + bias| over the keys each query sees (the causal region,
+        within its document under ``mask``, the forward's bias or BlockMask), one sequence at
+        a time (the L x L scores of a whole batch would cost more memory than the step)."""
+        length = q.shape[2]
+        bias = self._bias(length, q.device, torch.float32)
+        per_sample = mask is not None and not (isinstance(mask, torch.Tensor)
+                                                and mask.dim() == 3)
         visible = torch.isfinite(bias)
         best = torch.zeros((), device=q.device)
         for i in range(q.shape[0]):
+            if per_sample:
+                visible = visible_keys(mask, i, length, q.device)
             scores = torch.matmul(q[i].float(), k[i].float().transpose(-1, -2))
             scores = scores / math.sqrt(self.head_dim) + bias
             best = torch.maximum(best, scores.abs().masked_fill(~visible, 0).amax())

@@ -54,9 +54,9 @@ class Block(nn.Module):
         self.max_mlp_output: torch.Tensor | None = None
         self.max_residual: torch.Tensor | None = None
 
-    def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        """``bias``: the position encoding's attention bias (``Attention.bias_for``; built when
-        None)."""
+    def forward(self, x: torch.Tensor, bias=None) -> torch.Tensor:
+        """``bias``: the position encoding's attention bias, or flex's BlockMask
+        (``Attention.bias_for``; built when None)."""
         attn = self.self_attention(self.input_layernorm(x), bias)
         x = x + F.dropout(attn, self.dropout, self.training).to(x.dtype)
         mlp = self.mlp(self.post_attention_layernorm(x))
@@ -90,16 +90,19 @@ class GPT(nn.Module):
         self.embeds_tokens = True
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
-                token_losses: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+                token_losses: bool = False, document_ids: torch.Tensor | None = None
+                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """``input_ids`` [b, L] -> logits [b, L, vocab], or with ``labels`` [b, L] the mean
         fp32 cross-entropy (labels < 0 ignored) without materializing fp32 logits; with
         ``token_losses`` too, (mean, each token's fp32 loss [b, L], detached). A pipeline
         stage without the embedding (``word_embeddings`` None or ``embeds_tokens`` False) takes
         hidden states [b, L, h] instead, and one without the head (``ln_f`` None) returns
-        hidden states. Vocabulary-sharded (tensor-parallel) heads take the logits path."""
+        hidden states. Vocabulary-sharded (tensor-parallel) heads take the logits path.
+        ``document_ids`` [b, L] (``model/documents.py``): attention stays within each document
+        of a packed sample (every pipeline stage takes them beside its input)."""
         embeds = self.embeds_tokens and self.word_embeddings is not None
         x = self.embed(input_ids) if embeds else input_ids
-        bias = self.attention_bias(x.shape[1], x.device)
+        bias = self.attention_bias(x.shape[1], x.device, document_ids)
         for block in self.h.values():
             x = block(x, bias)
         if self.ln_f is None:
@@ -109,12 +112,14 @@ class GPT(nn.Module):
                                         token_losses)
         return self.head(x)
 
-    def attention_bias(self, seq_length: int, device: torch.device) -> torch.Tensor | None:
+    def attention_bias(self, seq_length: int, device: torch.device,
+                       document_ids: torch.Tensor | None = None):
         """The position encoding's causal bias every block shares (all layers hold the same
-        heads, model/position.py), made outside the blocks so that compiled blocks take it as
-        an input."""
+        heads, model/position.py), made outside the blocks so that compiled (and recomputed)
+        blocks take it as an input; with ``document_ids`` masked across documents
+        (``Attention.bias_for``)."""
         for block in self.h.values():
-            return block.self_attention.bias_for(seq_length, device)
+            return block.self_attention.bias_for(seq_length, device, document_ids)
         return None
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:

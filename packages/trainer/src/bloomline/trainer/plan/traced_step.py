@@ -54,6 +54,7 @@ import torch.nn.functional as F
 from bloomline.trainer.build import BuiltRun
 from bloomline.trainer.config import Config
 from bloomline.trainer.plan.rank_build import built_rank, planned_spec
+from bloomline.trainer.step.document_masks import labels_of, model_inputs
 from bloomline.trainer.torch_compat import memory_tracker, track_as
 
 __all__ = ["TracedStep", "trace_ranks", "trace_step"]
@@ -90,7 +91,8 @@ def _flex_memory_twin():
     """Flex attention replaced by the fused causal SDPA kernel (see the module docstring)."""
     from bloomline.trainer.model.attention import Attention
 
-    def twin(self, q, k, v):
+    def twin(self, q, k, v, block_mask=None):
+        # a documents' BlockMask skips more blocks than the causal one: a causal twin bounds it
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
     original = Attention._flex
@@ -273,15 +275,17 @@ def _stage_step(built: BuiltRun, total: int) -> int:
     for action in actions:
         chunk = chunks[action.stage]
         if action.kind == "F":
+            tokens = torch.randint(0, cfg.model.vocab_size, (mb, seq + 1))
+            # every stage takes the micro-batch's document ids beside its input, as in the run
+            extra = model_inputs(runner.documents, tokens[:, :-1])
+            labels = labels_of(runner.documents, tokens)
             if action.stage == 0:
-                tokens = torch.randint(0, cfg.model.vocab_size, (mb, seq + 1))
-                inputs, labels = tokens[:, :-1], tokens[:, 1:]
+                inputs = tokens[:, :-1]
             else:
                 inputs = torch.empty(mb, seq_local, cfg.model.hidden_size, dtype=stream,
                                      requires_grad=True)
-                labels = torch.randint(0, cfg.model.vocab_size, (mb, seq))
             with runner.context():
-                out = chunk(inputs)
+                out = chunk(inputs, **extra)
                 # the schedule keeps a stage's output until its backward (the last stage's
                 # logits too, beside the loss computed from them); a sent one's data goes at
                 # its SENT below

@@ -23,6 +23,7 @@ import torch.distributed as dist
 from bloomline.trainer.config_rules import check_step_microbatches
 from bloomline.trainer.parallel.pipeline import PipelineStages, StageAction
 from bloomline.trainer.reporting.metrics import activation_stats as read_activation_stats
+from bloomline.trainer.step.document_masks import labels_of, model_inputs
 from bloomline.trainer.step.runner import StepRunner
 from bloomline.trainer.step.sample_forward import logits_loss
 from bloomline.trainer.step.tail import dp_mean, step_source_totals
@@ -97,12 +98,16 @@ class PipelinedRunner(StepRunner):
         # contiguous: torch 2.11 checks each micro-batch's strides against the first
         # one's, recorded contiguous (torch_compat.py), and a view of [b, L + 1] is not
         args = (tokens[:, :-1].contiguous(),) if stages.holds_first else ()
-        target = tokens[:, 1:] if stages.holds_last else None
+        target = labels_of(self.documents, tokens) if stages.holds_last else None
+        # every stage's document ids, from the tokens every rank is given: torch's schedules
+        # split keyword inputs into micro-batches and hand them to every stage's forward
+        # (only positional ones travel from stage to stage)
+        kwargs = model_inputs(self.documents, tokens[:, :-1])
         with self.context():
             if training:
-                schedule.step(*args, target=target, return_outputs=False)
+                schedule.step(*args, target=target, return_outputs=False, **kwargs)
             else:
-                schedule.eval(*args, target=target, return_outputs=False)
+                schedule.eval(*args, target=target, return_outputs=False, **kwargs)
         # the last ``count``: the stage's first step also calls the loss once to infer
         # gradient shapes (metadata inference, before the micro-batches run)
         losses = (torch.stack(self._losses[-count:]).float() if stages.holds_last

@@ -71,7 +71,7 @@ class PlainRunner(StepRunner):
         """``sample_forward.forward_loss`` of this model, in the run's precision (inside
         ``loss_context``)."""
         return forward_loss(self.model, tokens, self.precision.autocast, self.tensor_parallel,
-                            self.loss_fn, per_sample)
+                            self.loss_fn, per_sample, self.documents)
 
     def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
         if self.distributed is not None:

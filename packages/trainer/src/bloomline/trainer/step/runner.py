@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import torch
 
 from bloomline.trainer.reporting.step_sections import Sections
+from bloomline.trainer.step.document_masks import DocumentMasks
 from bloomline.trainer.step.recompute import StepRecompute
 from bloomline.trainer.step.tail import finish_step, max_norm, set_learning_rate
 
@@ -33,6 +34,8 @@ class StepRunner(ABC):
     # where the step marks its sections (reporting/step_sections.py); the trainer sets its
     # clock, the default does nothing (a step outside a training loop)
     sections: Sections = Sections()
+    # the run's document masking (document_masks.py), set by build.py; None: off
+    documents: DocumentMasks | None = None
 
     def __init__(self, model, optimizer, precision, clip_grad: float,
                  micro_batch_size: int) -> None:

@@ -2,10 +2,12 @@
 training step, validation, ``trainer evaluate``, the pipeline's last stage and the planner.
 
 Contract: every loss is the fp32 mean next-token cross-entropy of ``tokens[:, 1:]`` given
-``tokens[:, :-1]`` ([b, L + 1] int64 batches); per-sample losses are each sample's mean over
-its counted tokens ([b] fp32, detached). Without tensor parallelism the model fuses its head
-with the loss (no fp32 logits, ``model/loss.py``); vocabulary-sharded logits go through
-``loss_parallel`` (``loss_functions``' context) and ``losses.py``.
+``tokens[:, :-1]`` ([b, L + 1] int64 batches), with the run's document masking
+(``document_masks.py``: attention within documents, no loss on EOD inputs); per-sample losses
+are each sample's mean over its counted tokens ([b] fp32, detached). Without tensor
+parallelism the model fuses its head with the loss (no fp32 logits, ``model/loss.py``); the
+vocabulary-sharded logits go through ``loss_parallel`` (``loss_functions``' context) and
+``losses.py``.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from bloomline.trainer.losses import lm_loss, per_sample_means, token_cross_entropy
+from bloomline.trainer.step.document_masks import DocumentMasks, labels_of, model_inputs
 
 __all__ = ["batched_sample_losses", "forward_loss", "logits_loss", "loss_functions"]
 
@@ -43,17 +46,20 @@ def logits_loss(loss_fn, logits: torch.Tensor, labels: torch.Tensor, per_sample:
 
 
 def forward_loss(model, tokens: torch.Tensor, autocast, tensor_parallel: int, loss_fn,
-                 per_sample: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+                 per_sample: bool = False, documents: DocumentMasks | None = None
+                 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """The mean loss of a [mbs, L + 1] token batch through ``model`` (a whole GPT, inside the
     loss context of ``loss_functions``), and with ``per_sample`` each sample's mean loss [mbs]
-    (detached) from the same forward. ``autocast``: the precision's context factory."""
-    labels = tokens[:, 1:]
+    (detached) from the same forward. ``autocast``: the precision's context factory;
+    ``documents``: the run's document masking (None: off)."""
+    inputs, labels = tokens[:, :-1], labels_of(documents, tokens)
+    extra = model_inputs(documents, inputs)
     if tensor_parallel == 1:
         with autocast():
-            out = model(tokens[:, :-1], labels=labels, token_losses=per_sample)
+            out = model(inputs, labels=labels, token_losses=per_sample, **extra)
         return (out[0], per_sample_means(out[1], labels)) if per_sample else out
     with autocast():
-        logits = model(tokens[:, :-1])
+        logits = model(inputs, **extra)
     return logits_loss(loss_fn, logits, labels, per_sample)
 
 

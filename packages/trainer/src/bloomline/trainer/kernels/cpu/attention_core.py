@@ -36,7 +36,8 @@ def uses_core(qkv: torch.Tensor, bias: torch.Tensor, dropout: float) -> bool:
 
 def attention_probabilities(scores: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """``softmax(scores + bias)`` over the last axis, the bias added into ``scores`` in place
-    (``scores`` [b, heads, L, L], ``bias`` [heads, L, L]); fp32 probabilities below
+    (``scores`` [b, heads, L, L], ``bias`` [heads, L, L] shared by the batch or [b, heads,
+    L, L] per sample: documents masked apart); fp32 probabilities below
     ``_PROBABILITY_FLOOR`` are set to zero (see the module docstring)."""
     scores.add_(bias)
     probs = torch.softmax(scores, dim=-1)
@@ -96,6 +97,7 @@ class _AlibiAttentionCore(torch.autograd.Function):
 
 def alibi_attention_core(qkv: torch.Tensor, bias: torch.Tensor, num_heads: int) -> torch.Tensor:
     """``qkv`` [b, L, heads * 3 * d] (BLOOM's per-head [3, d] layout), ``bias`` [heads, L, L]
-    in ``qkv``'s dtype -> attention output [b, L, heads * d], before the output projection."""
+    or per sample [b, heads, L, L], in ``qkv``'s dtype -> attention output [b, L, heads * d],
+    before the output projection."""
     with torch.autocast("cpu", enabled=False):  # the dtypes are the caller's, as given
         return _AlibiAttentionCore.apply(qkv, bias, num_heads)
