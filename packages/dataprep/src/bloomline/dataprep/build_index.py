@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,7 +45,7 @@ from bloomline.dataprep.blending import (
     build_exhaustive_blend_indices,
     normalize_weights,
 )
-from bloomline.dataprep.fingerprint import check_same_tokenizer
+from bloomline.dataprep.fingerprint import check_same_tokenizer, corpus_prefixes
 from bloomline.dataprep.gpt_index import (
     SPLIT_NAMES,
     IndexShape,
@@ -66,11 +67,13 @@ __all__ = [
     "BuiltIndex",
     "IndexRequest",
     "blend_index_check",
+    "build_from_datasets",
     "build_sample_datasets",
     "check_index_cache",
     "find_datasets",
     "format_report",
     "gpt_index_check",
+    "open_token_files",
     "parse_weights",
 ]
 
@@ -116,17 +119,29 @@ def find_datasets(corpus_dir: str | os.PathLike) -> dict[str, IndexedDataset]:
     corpus_dir = Path(corpus_dir)
     if not corpus_dir.is_dir():
         raise UserError(f"{corpus_dir}: not a folder (expected a folder of NAME.bin/.idx)")
-    datasets = {path.stem: IndexedDataset(path) for path in sorted(corpus_dir.glob("*.idx"))}
-    if not datasets:
+    prefixes = corpus_prefixes(corpus_dir)
+    if not prefixes:
         raise UserError(f"{corpus_dir}: no .idx files (run `dataprep tokenize` first)")
-    if len(datasets) > MAX_DATASETS:
-        raise UserError(f"{corpus_dir}: {len(datasets)} datasets; a blend takes at most "
+    return open_token_files(prefixes, str(corpus_dir))
+
+
+def open_token_files(prefixes: Mapping[str, str | os.PathLike], where: str
+                     ) -> dict[str, IndexedDataset]:
+    """The token files of one blend (name -> ``PREFIX``, of ``PREFIX.bin/.idx``), by name.
+
+    Raises:
+        UserError: too many for a blend, or their token dtypes or recorded tokenizers differ
+            (samples of a blend would not share one vocabulary).
+    """
+    if len(prefixes) > MAX_DATASETS:
+        raise UserError(f"{where}: {len(prefixes)} datasets; a blend takes at most "
                         f"{MAX_DATASETS}")
+    datasets = {name: IndexedDataset(prefix) for name, prefix in prefixes.items()}
     first = next(iter(datasets.values()))
     for dataset in datasets.values():
         if dataset.dtype != first.dtype:
             raise UserError(f"{dataset.idx_path}: tokens are {dataset.dtype}, but "
-                            f"{first.idx_path} holds {first.dtype}; datasets of one corpus "
+                            f"{first.idx_path} holds {first.dtype}; datasets used together "
                             "must come from one tokenizer")
     check_same_tokenizer({name: path_prefix(dataset) for name, dataset in datasets.items()})
     return datasets
@@ -197,12 +212,23 @@ def build_sample_datasets(corpus_dir: str | os.PathLike, request: IndexRequest,
             worded with dataprep's flags (a front end rewords it: ``SettingError.named``).
     """
     corpus_dir = Path(corpus_dir)
-    datasets = find_datasets(corpus_dir)
+    return build_from_datasets(find_datasets(corpus_dir), str(corpus_dir),
+                               Path(cache_dir) if cache_dir is not None else corpus_dir / ".index",
+                               request)
+
+
+def build_from_datasets(datasets: dict[str, IndexedDataset], where: str,
+                        cache_dir: str | os.PathLike, request: IndexRequest,
+                        blend_single: bool = False) -> BuiltIndex:
+    """:func:`build_sample_datasets` of opened token files (``find_datasets``,
+    ``open_token_files``), named ``where`` in messages; ``blend_single``: a blend even of one
+    dataset (megatron-core's for one weighted ``--data-path`` prefix, built with the
+    surplus)."""
+    cache_dir = Path(cache_dir)
     names = list(datasets)
     _check_request(request, names)
-    cache_dir = Path(cache_dir) if cache_dir is not None else corpus_dir / ".index"
     split_weights = parse_split(request.split)
-    blend = len(names) > 1
+    blend = len(names) > 1 or blend_single
     weights = None
     left_out: list[str] = []
     if blend and request.weights is not None:
@@ -218,7 +244,7 @@ def build_sample_datasets(corpus_dir: str | os.PathLike, request: IndexRequest,
     _check_fits(plans, cache_dir, request)
     splits: dict = {}
     report = {
-        "corpus": str(corpus_dir), "cache_dir": str(cache_dir),
+        "corpus": where, "cache_dir": str(cache_dir),
         "seq_length": request.seq_length, "seed": request.seed, "split": request.split,
         "add_extra_token": request.add_extra_token, "surplus": request.surplus,
         "splits": {},
@@ -253,7 +279,7 @@ def build_sample_datasets(corpus_dir: str | os.PathLike, request: IndexRequest,
                 row["realized"] = row["used"] / max(1, split_report["samples"])
             split_report["datasets"][name] = row
         if plan.requested and split_report["samples"] == 0:  # never a silent empty success
-            raise UserError(f"{corpus_dir}: the {split} split serves 0 samples of the "
+            raise UserError(f"{where}: the {split} split serves 0 samples of the "
                             f"{plan.requested} requested; check the weights and the split")
         report["splits"][split] = split_report
     return BuiltIndex(splits, report)
@@ -273,7 +299,7 @@ class _GptPlan:
 
     @property
     def entry_name(self) -> str:  # as index_cache names the entry
-        return f"gpt-{self.split}-{self.name}-{entry_key(self.description)}"
+        return f"gpt-{self.split}-{_label(self.name)}-{entry_key(self.description)}"
 
 
 @dataclass(frozen=True)
@@ -456,8 +482,14 @@ def _gpt_entry(cache_dir: Path, plan: _GptPlan, dataset: IndexedDataset,
                     "separate_last_epoch": index.separate_last_epoch}
         return arrays, metadata
 
-    return cached_arrays(cache_dir, f"gpt-{split}-{plan.name}", plan.description, build,
+    return cached_arrays(cache_dir, f"gpt-{split}-{_label(plan.name)}", plan.description, build,
                          gpt_index_check(dataset.sequence_lengths, sequence_range))
+
+
+def _label(name: str) -> str:
+    """A dataset's name as part of a cache entry's (folder) name: ``--data-path`` names
+    datasets of equal stems ``code/train``, ``docs/train``."""
+    return name.replace("/", "~")
 
 
 def _sample_index(entry: CacheEntry) -> SampleIndex:

@@ -12,10 +12,11 @@ from bloomline.common.errors import UserError, exit_on_user_error
 from bloomline.common.output_lock import output_lock, output_locks
 from bloomline.dataprep.build_index import (
     IndexRequest,
-    build_sample_datasets,
     format_report,
     parse_weights,
 )
+from bloomline.dataprep.data_args import choose_source, expand_data_path_argv
+from bloomline.dataprep.data_args_build import build_sample_datasets
 from bloomline.dataprep.demo_corpus import write_demo_corpus
 from bloomline.dataprep.formats import SUPPORTED_SUFFIXES
 from bloomline.dataprep.indexed_dataset import IndexedDataset, merge_indexed_datasets
@@ -152,30 +153,45 @@ def merge(
 
 @app.command("build-index")
 def build_index(
-    corpus_dir: str = typer.Argument(..., help="Folder of NAME.bin/.idx token files (all used)."),
+    corpus_dir: str = typer.Argument(
+        None, help="Folder of NAME.bin/.idx token files (all used); or name them with "
+        "--data-path, --data-args-path or --per-split-data-args-path instead."),
     seq_length: int = typer.Option(..., help="L: tokens per sample (samples hold L+1)."),
     train_samples: int = typer.Option(..., help="Training samples to serve."),
     valid_samples: int = typer.Option(
         None, help="Validation samples (default: one epoch of the valid split)."),
     test_samples: int = typer.Option(
         None, help="Test samples (default: one epoch of the test split)."),
-    split: str = typer.Option("969,30,1", help="train,valid,test shares of each dataset."),
+    split: str = typer.Option(
+        None, help="train,valid,test shares of each dataset (default 969,30,1; none with "
+        "--per-split-data-args-path)."),
     seed: int = typer.Option(1234, help="Seed of the shuffles (Megatron's --seed)."),
     weight: list[str] = typer.Option(
         None, help="NAME=W blend weight, one per dataset; 0 leaves the dataset out (default: "
         "by size, one epoch each)."),
-    cache_dir: str = typer.Option(None, help="Index cache (default: CORPUS_DIR/.index)."),
+    data_path: list[str] = typer.Option(
+        None, help="Megatron's --data-path: PREFIX [PREFIX ...] or W1 PREFIX1 W2 PREFIX2 ... "
+        "(PREFIX.bin/.idx anywhere; one string or several words), cut by --split."),
+    data_args_path: str = typer.Option(None, help="A file holding --data-path's words."),
+    per_split_data_args_path: str = typer.Option(
+        None, help='JSON {"train": [...], "valid": [...], "test": [...]}: each split\'s own '
+        "blend (--data-path's forms), each dataset used whole (no --split)."),
+    cache_dir: str = typer.Option(
+        None, "--cache-dir", "--data-cache-path", help="Index cache (default: CORPUS_DIR/.index, "
+        "or .index beside the first --data-path prefix; --data-cache-path is Megatron's name)."),
     surplus: float = typer.Option(
         0.005, help="Extra share of samples built per blended dataset (Megatron's "
         "mid_level_dataset_surplus)."),
     json_output: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
     """Build (or reuse) Megatron-identical sample indices and blends for every split."""
+    source, split = choose_source(corpus_dir, split, data_path or (), data_args_path,
+                                  per_split_data_args_path)
     request = IndexRequest(
         seq_length=seq_length, train_samples=train_samples, valid_samples=valid_samples,
         test_samples=test_samples, split=split, seed=seed,
         weights=parse_weights(weight) if weight else None, surplus=surplus)
-    built = build_sample_datasets(corpus_dir, request, cache_dir=cache_dir)
+    built = build_sample_datasets(source, request, cache_dir=cache_dir)
     typer.echo(json.dumps(built.report, indent=1) if json_output else
                format_report(built.report))
 
@@ -207,7 +223,7 @@ def _ray_address_optional(argv: list[str]) -> list[str]:
 
 def main() -> None:
     """Console entry point: user errors become one line on stderr and exit code 1."""
-    argv = _ray_address_optional(sys.argv[1:])
+    argv = expand_data_path_argv(_ray_address_optional(sys.argv[1:]))
     exit_on_user_error(lambda: app(args=argv, prog_name="dataprep"))
 
 

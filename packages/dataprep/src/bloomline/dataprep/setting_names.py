@@ -25,6 +25,11 @@ FLAGS = {
     "surplus": "--surplus",
     "weights": "--weight",
     "weights.ENTRY": "--weight {entry}=...",
+    # Megatron-LM's data arguments (data_args.py)
+    "corpus": "CORPUS_DIR",
+    "data_path": "--data-path",
+    "data_args_path": "--data-args-path",
+    "per_split_data_args_path": "--per-split-data-args-path",
 }
 
 
