@@ -391,6 +391,9 @@ class Config:
         "adam_epsilon": ("eps",), "data_path": ("corpus",), "tokenizer_model": ("tokenizer",),
         "tensor_model_parallel_size": ("tensor_parallel",),
         "pipeline_model_parallel_size": ("pipeline_parallel",),
+        # Megatron's flags as typed on its command line
+        "reset-attention-mask": ("reset_attention_mask",), "eod-mask-loss": ("eod_mask_loss",),
+        "reset-position-ids": ("reset_position_ids",),
     }
 
 
