@@ -262,28 +262,37 @@ def upgrade_checkpoint_command(
 @app.command("evaluate")
 def evaluate_command(
     checkpoint: str = typer.Argument(..., help="A checkpoint folder (RUN/checkpoints/step_N)."),
-    split: str = typer.Option("valid", help="valid or test (a split of the checkpoint's "
-                              "data.corpus with a share in data.split)."),
+    split: str = typer.Option(None, help="valid, test (a share of data.split) or all (the "
+                              "whole corpus); default: valid on the run's corpus (or a copy), "
+                              "all on another corpus given with --data."),
     samples: int = typer.Option(None, help="Samples of the blend and of each dataset at most "
                                 "(default: the run's train.eval_samples)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of the table."),
     data: str = typer.Option(None, help="The corpus folder to read instead of the "
-                             "checkpoint's data.corpus (a copy of it elsewhere); its index is "
-                             "built or found in DATA/.index."),
+                             "checkpoint's data.corpus: a copy of it, or any corpus of the "
+                             "run's tokenizer (each dataset scored on its own, the blend by "
+                             "size); its index is built or found in DATA/.index."),
 ) -> None:
-    """Loss and perplexity of a checkpoint on a split of its run's data: each dataset's own
-    split and the blend, in this process, with the run's precision and micro-batch size."""
+    """Loss and perplexity of a checkpoint on a split of its run's data (or of another corpus
+    of its tokenizer): each dataset's own split and the blend, in this process, with the
+    run's precision and micro-batch size. What is scored is said in one line on stderr."""
     import json
 
     # torch-heavy: imported by the command that needs it (module docstring)
     from bloomline.trainer.evaluate_command import evaluate_checkpoint
 
-    result, step = evaluate_checkpoint(checkpoint, split, samples, corpus=data)
+    checked: list[str] = []  # said once it succeeded: a refusal stays one line
+    result, step, scored = evaluate_checkpoint(checkpoint, split, samples, corpus=data,
+                                               log=checked.append)
+    for line in (*checked, scored.note):
+        typer.echo(line, err=True)
     if as_json:
-        typer.echo(json.dumps({"checkpoint": checkpoint, "step": step, **result.to_json()},
+        typer.echo(json.dumps({"checkpoint": checkpoint, "step": step, **result.to_json(),
+                               "corpus": scored.corpus, "runs_corpus": scored.runs_corpus},
                               indent=1))
         return
-    typer.echo(f"{checkpoint} (step {step}), {split} split:")
+    what = "the whole corpus" if scored.split == "all" else f"{scored.split} split"
+    typer.echo(f"{checkpoint} (step {step}), {what}:")
     typer.echo(result.table())
 
 

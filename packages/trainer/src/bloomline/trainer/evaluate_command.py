@@ -1,12 +1,14 @@
-"""``trainer evaluate``: a checkpoint's loss and perplexity on a split of its run's data, in
-this process, built as training builds a rank (``build.build_run``) and measured with the
-same per-sample forward (the step runner's ``sample_losses``) and the same split evaluation
+"""``trainer evaluate``: a checkpoint's loss and perplexity on a split of its run's data (or of
+any corpus of its tokenizer: ``evaluate_corpus.py`` chooses what is read), in this process,
+built as training builds a rank (``build.build_run``) and measured with the same per-sample
+forward (the step runner's ``sample_losses``) and the same split evaluation
 (``evaluation.evaluate_split``) as the loop's validation.
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -15,6 +17,12 @@ from bloomline.common.errors import UserError
 from bloomline.trainer.checkpoint import load_checkpoint, load_config_of
 from bloomline.trainer.config import Config
 from bloomline.trainer.data import blend_of, open_splits
+from bloomline.trainer.evaluate_corpus import (
+    EvalData,
+    check_eval_tokens,
+    choose_eval_data,
+    open_eval_samples,
+)
 from bloomline.trainer.evaluation import SplitEvaluation, evaluate_split
 
 __all__ = ["SPLITS", "evaluate_checkpoint"]
@@ -22,35 +30,43 @@ __all__ = ["SPLITS", "evaluate_checkpoint"]
 SPLITS = ("valid", "test")
 
 
-def evaluate_checkpoint(checkpoint: str | Path, split: str = "valid",
-                        num_samples: int | None = None,
-                        corpus: str | None = None) -> tuple[SplitEvaluation, int]:
-    """Evaluate a checkpoint on a split of its run's data in this process (any saved layout:
-    the checkpoint reshards into one process), with its config's precision and micro-batch
-    size. Returns the evaluation and the checkpoint's step.
+def evaluate_checkpoint(checkpoint: str | Path, split: str | None = None,
+                        num_samples: int | None = None, corpus: str | None = None,
+                        log: Callable[[str], object] | None = None
+                        ) -> tuple[SplitEvaluation, int, EvalData]:
+    """Evaluate a checkpoint on a split of a corpus in this process (any saved layout: the
+    checkpoint reshards into one process), with its config's precision and micro-batch
+    size. Returns the evaluation, the checkpoint's step and what was scored
+    (``evaluate_corpus.EvalData``: its ``note`` says it in one line).
 
     Args:
-        corpus: a corpus folder to read instead of the config's ``data.corpus`` (a copy of
-            it); its index is then kept in ``CORPUS/.index``, not the config's cache folder.
+        split: valid, test or all (the whole corpus); None: valid for the run's corpus, all
+            for another one (``evaluate_corpus.py``).
+        corpus: a corpus folder to read instead of the config's ``data.corpus``: a copy of
+            it, or any corpus of the run's tokenizer (each dataset scored on its own, the
+            blend by size); its index is then kept in ``CORPUS/.index``.
+        log: where the checks of token files without a fingerprint say what they read.
 
     Raises:
-        UserError: an unknown split, a corpus that is gone (naming its path), a split the
-            index does not have (``data.split`` gives it no share), a bad sample count, or a
-            checkpoint that does not load.
+        UserError: an unknown split, a corpus that is gone (naming its path) or made by
+            another tokenizer, a split the index does not have (``data.split`` gives it no
+            share), a bad sample count, or a checkpoint that does not load.
     """
 
-    if split not in SPLITS:
-        raise UserError(f"--split {split}: expected one of {', '.join(SPLITS)}")
     path = Path(checkpoint)
     cfg = load_config_of(path, Config)
     count = cfg.train.eval_samples if num_samples is None else num_samples
     if count < 1:
         raise UserError(f"--samples {count}: must be at least 1")
-    if corpus is not None:
-        cfg.data.corpus, cfg.data.cache_dir = corpus, ""
-    elif cfg.data.corpus and not Path(cfg.data.corpus).exists():
+    if corpus is None and cfg.data.corpus and not Path(cfg.data.corpus).exists():
         raise UserError(f"{checkpoint}: its data.corpus {cfg.data.corpus} no longer exists; "
                         "pass --data with the corpus folder (a copy of it)")
+    data = choose_eval_data(cfg, corpus, split)
+    check_eval_tokens(cfg, path, data, cfg.model.vocab_size, log)
+    cfg.data.corpus, cfg.data.cache_dir = data.corpus, data.cache_dir
+    if not data.runs_corpus or data.split == "all":
+        return _scored(cfg, path, open_eval_samples(cfg, data), count, data)
+    split = data.split
     # the splits first: a missing one is reported before the weights are read
     splits = open_splits(cfg.data.corpus, cfg.data.seq_length, cfg.train.train_samples,
                          None, cfg.data.split, cfg.data.seed, cfg.data.weights,
@@ -59,11 +75,17 @@ def evaluate_checkpoint(checkpoint: str | Path, split: str = "valid",
         raise UserError(f"--split {split}: the index of {cfg.data.corpus} has no {split} split "
                         f"(data.split {cfg.data.split!r} gives it no share); choose "
                         f"{' or '.join(s for s in SPLITS if s in splits) or 'another split'}")
+    return _scored(cfg, path, splits[split], count, data)
+
+
+def _scored(cfg: Config, path: Path, samples, count: int, data: EvalData
+            ) -> tuple[SplitEvaluation, int, EvalData]:
+    """The checkpoint's losses on ``samples`` (the blend and each dataset), its step, and
+    ``data``."""
     runner, state = _checkpoint_runner(cfg, path)
-    samples = splits[split]
     name = _single_name(cfg.data.corpus) if blend_of(samples) is None else "blend"
-    result = evaluate_split(runner.sample_losses, samples, count, split, name)
-    return result, int(state.get("step", 0))
+    result = evaluate_split(runner.sample_losses, samples, count, data.split, name)
+    return result, int(state.get("step", 0)), data
 
 
 def _checkpoint_runner(cfg: Config, path: Path):

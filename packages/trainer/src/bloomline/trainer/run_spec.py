@@ -108,7 +108,7 @@ def settle(cfg: Config, world_size: int = 1, rank: int = 0, *,
     # every rule between fields, once (a vocabulary of 0 is skipped: it is sized next, to a
     # multiple of 128 x tp)
     layout = resolve_layout(cfg, world_size, rank)
-    _settle_vocabulary(cfg, check_tokenizer)
+    _settle_vocabulary(cfg, check_tokenizer, log)
     eod_id = _settle_documents(cfg, check_tokenizer)
     return RunSpec(freeze(cfg), layout, source, device, warnings, eod_id)
 
@@ -125,10 +125,12 @@ def _settle_precision(cfg: Config, device: torch.device) -> tuple[str, ...]:
     return (warning,) if warning else ()
 
 
-def _settle_vocabulary(cfg: Config, check: bool) -> None:
+def _settle_vocabulary(cfg: Config, check: bool,
+                       log: Callable[[str], object] | None = None) -> None:
     """model.vocab_size 0 means: the tokenizer's vocabulary (its largest id + 1, which counts
     added tokens above the base vocabulary) padded to a multiple of 128 x tp. With ``check``
-    the tokenizer is then checked against it and against the corpus."""
+    the tokenizer is then checked against it and against the corpus (what the check of
+    files without a fingerprint read goes to ``log``)."""
     if cfg.model.vocab_size == 0:
         if not check and not (cfg.data.tokenizer and _exists(cfg.data.tokenizer)):
             return  # shown as given: the tokenizer lives where the run will
@@ -137,7 +139,7 @@ def _settle_vocabulary(cfg: Config, check: bool) -> None:
         cfg.model.vocab_size = padded_vocab_size(load_run_tokenizer(cfg.data).vocab_size,
                                                  tensor_parallel=cfg.parallel.tensor_parallel)
     if check:
-        check_vocabulary(cfg.data, cfg.model.vocab_size)
+        check_vocabulary(cfg.data, cfg.model.vocab_size, log)
 
 
 def _settle_documents(cfg: Config, check: bool) -> int | None:

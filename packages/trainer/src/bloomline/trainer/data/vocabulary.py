@@ -7,23 +7,29 @@ vocabulary against ``model.vocab_size`` and the corpus's fingerprints before the
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from bloomline.common.errors import UserError
 from bloomline.dataprep.fingerprint import check_tokenizer_matches, corpus_prefixes
 from bloomline.trainer.config import DataConfig
+from bloomline.trainer.data.corpus_vocabulary import check_unfingerprinted
 from bloomline.trainer.data.run_tokenizer import load_run_tokenizer
 
 __all__ = ["check_token_ids", "check_vocabulary"]
 
 
-def check_vocabulary(data: DataConfig, model_vocab: int) -> int | None:
+def check_vocabulary(data: DataConfig, model_vocab: int,
+                     log: Callable[[str], object] | None = None) -> int | None:
     """The tokenizer's vocabulary size, checked against the model's embedding rows, and the
-    corpus's token files checked against the tokenizer that made them (their fingerprints).
+    corpus's token files checked against the tokenizer that made them (their fingerprints;
+    files without one by their ids and document ends, ``corpus_vocabulary.py``, which
+    ``log``s what it checked).
 
     Raises:
         UserError: a vocabulary larger than the model's, or a corpus file another tokenizer
-            made.
+            made (by its fingerprint, or an id beyond the vocabulary).
     """
     tokenizer = load_run_tokenizer(data)
     if tokenizer is None:
@@ -36,7 +42,18 @@ def check_vocabulary(data: DataConfig, model_vocab: int) -> int | None:
     if data.corpus:
 
         check_tokenizer_matches(corpus_prefixes(data.corpus), tokenizer, "data.tokenizer")
+        check_unfingerprinted(corpus_prefixes(data.corpus), tokenizer.vocab_size,
+                              _eod_or_none(tokenizer), f"data.tokenizer {data.tokenizer}", log)
     return tokenizer.vocab_size
+
+
+def _eod_or_none(tokenizer) -> int | None:
+    """The tokenizer's EOD id, or None when it names none (then documents' ends are not
+    checked)."""
+    try:
+        return tokenizer.eod_id
+    except UserError:
+        return None
 
 
 def check_token_ids(micro_batches: list[torch.Tensor], vocab_size: int, corpus: str,
