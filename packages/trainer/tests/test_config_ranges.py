@@ -42,6 +42,7 @@ WRAP = {
     "train.rampup_batch_size": lambda v: [1, 1, v],  # [start, increment, samples]
     "train.skip_samples": lambda v: [[v, 10**6]],
     "data.weights": lambda v: {"a": v, "b": 1.0},
+    "data.phases": lambda v: {"100": {"a": v, "b": 1.0}},
 }
 
 # settings under which every value inside a field's own range is also valid with the others

@@ -19,6 +19,9 @@ A split whose sample count is not given (valid and test by default) is built for
 each dataset, which is what evaluation on "the whole valid split" means. A dataset of weight 0
 is left out (nothing is built or read for it; the report names it), for every front end alike.
 
+``phases`` change the train blend's weights at given sample positions, in the one index
+(``blend_phases``: the rule, sizes and why valid and test keep the first phase's weights).
+
 Every array's size follows from counts alone (``gpt_index.index_shape``), so the whole request
 is sized before anything is built: one too large for the machine's memory, or for the cache
 folder's free disk, is refused in one line before the first allocation or cache write.
@@ -36,6 +39,14 @@ import numpy as np
 
 from bloomline.common.errors import SettingError, UserError
 from bloomline.common.machine import available_memory, format_bytes, free_disk
+from bloomline.dataprep.blend_phases import (
+    BlendPhase,
+    PhasePlan,
+    check_phases,
+    drawn_datasets,
+    format_phases,
+    phase_plan,
+)
 from bloomline.dataprep.blended_samples import BlendedSampleDataset
 from bloomline.dataprep.blending import (
     MAX_DATASETS,
@@ -95,6 +106,8 @@ class IndexRequest:
     weights: dict[str, float] | None = None
     surplus: float = DEFAULT_SURPLUS
     add_extra_token: bool = True
+    # the train blend's later phases (weights from a sample on; ``weights`` is the first)
+    phases: tuple[BlendPhase, ...] = ()
 
     def samples(self, split: str) -> int | None:
         return {"train": self.train_samples, "valid": self.valid_samples,
@@ -186,6 +199,7 @@ def _check_request(request: IndexRequest, names: list[str]) -> None:
     if not (request.surplus >= 0 and math.isfinite(request.surplus)):
         raise setting_error("surplus", "{setting} {value}: must be a non-negative number",
                             value=request.surplus)
+    check_phases(request.weights, request.phases, request.train_samples, names)
     if request.weights is None:
         return
     unknown = sorted(set(request.weights) - set(names))
@@ -232,7 +246,7 @@ def build_from_datasets(datasets: dict[str, IndexedDataset], where: str,
     weights = None
     left_out: list[str] = []
     if blend and request.weights is not None:
-        taken = blended_datasets({name: request.weights[name] for name in names})
+        taken = drawn_datasets(request.weights, request.phases, names)
         left_out = [name for name in names if name not in taken]
         names = list(taken)
         datasets = {name: datasets[name] for name in names}
@@ -313,6 +327,7 @@ class _SplitPlan:
     blend_weights: np.ndarray | None = None
     blend_size: int | None = None
     blend_description: dict | None = None
+    phases: PhasePlan | None = None  # the blend's phases (blend_phases), None: one plain phase
 
     @property
     def blend_positions(self) -> int:
@@ -334,7 +349,12 @@ def _plan_split(split: str, ranges: dict[str, range], datasets: dict[str, Indexe
     descriptions of a split, from counts alone: nothing is built here."""
     names = list(datasets)
     requested = request.samples(split)
-    if weights is not None and requested is not None:
+    phases = None if weights is None or requested is None else phase_plan(
+        request.weights, request.phases if split == "train" else (), names)
+    if phases is not None:  # a dataset no phase of this split draws: one epoch (for eval)
+        per_dataset = [size or None for size in phases.component_sizes(requested,
+                                                                       request.surplus)]
+    elif weights is not None and requested is not None:
         per_dataset = blend_component_sizes(weights.tolist(), requested, request.surplus)
     elif blend:
         per_dataset = [None] * len(names)  # one epoch each
@@ -358,7 +378,9 @@ def _plan_split(split: str, ranges: dict[str, range], datasets: dict[str, Indexe
         gpt[name] = _GptPlan(split, name, sequences, num_samples, description, shape)
     if not blend:
         return _SplitPlan(split, requested, gpt)
-    if weights is not None and requested is not None:
+    if phases is not None:
+        size, blend_weights = phases.size(requested), phases.weights[0]
+    elif weights is not None and requested is not None:
         size = sum(blend_component_sizes(weights.tolist(), requested))
         blend_weights = weights
     else:
@@ -371,7 +393,9 @@ def _plan_split(split: str, ranges: dict[str, range], datasets: dict[str, Indexe
         "components": [plan.entry_name for plan in gpt.values()],
         "weights": blend_weights.tolist(), "size": size,
     }
-    return _SplitPlan(split, requested, gpt, blend_weights, size, description)
+    if phases is not None:
+        description["phases"] = phases.description()
+    return _SplitPlan(split, requested, gpt, blend_weights, size, description, phases)
 
 
 def _check_fits(plans: dict[str, _SplitPlan], cache_dir: Path, request: IndexRequest) -> None:
@@ -511,6 +535,8 @@ def _blend_entry(cache_dir: Path, plan: _SplitPlan, names: list[str],
     def build():
         if size is None:
             dataset_index, dataset_sample_index = build_exhaustive_blend_indices(lengths)
+        elif plan.phases is not None:
+            dataset_index, dataset_sample_index = plan.phases.build(size)
         else:
             dataset_index, dataset_sample_index = build_blend_indices(blend_weights, size)
         counts = np.bincount(dataset_index, minlength=len(names)).tolist()
@@ -525,6 +551,8 @@ def _blend_entry(cache_dir: Path, plan: _SplitPlan, names: list[str],
         arrays = {"dataset_index": dataset_index, "dataset_sample_index": dataset_sample_index}
         metadata = {"size": len(dataset_index), "counts": counts,
                     "weights": blend_weights.tolist(), "exhaustive": size is None}
+        if plan.phases is not None:
+            metadata["phases"] = plan.phases.report(dataset_index, names)
         return arrays, metadata
 
     return cached_arrays(cache_dir, f"blend-{split}", description, build,
@@ -565,4 +593,6 @@ def format_report(report: dict) -> str:
                 for i, (cell, width) in enumerate(zip(r, widths, strict=True))).rstrip())
         if info.get("left_out"):
             lines.append(f"  left out (weight 0): {', '.join(info['left_out'])}")
+        if len(info.get("blend", {}).get("phases", ())) > 1:
+            lines += format_phases(info["blend"]["phases"])
     return "\n".join(lines)

@@ -10,6 +10,7 @@ import typer
 
 from bloomline.common.errors import UserError, exit_on_user_error
 from bloomline.common.output_lock import output_lock, output_locks
+from bloomline.dataprep.blend_phases import parse_phase
 from bloomline.dataprep.build_index import (
     IndexRequest,
     format_report,
@@ -169,6 +170,9 @@ def build_index(
     weight: list[str] = typer.Option(
         None, help="NAME=W blend weight, one per dataset; 0 leaves the dataset out (default: "
         "by size, one epoch each)."),
+    phase: list[str] = typer.Option(
+        None, help="START:NAME=W,... blend weights from train sample START on (repeatable, "
+        "starts increasing); --weight gives the first phase's."),
     data_path: list[str] = typer.Option(
         None, help="Megatron's --data-path: PREFIX [PREFIX ...] or W1 PREFIX1 W2 PREFIX2 ... "
         "(PREFIX.bin/.idx anywhere; one string or several words), cut by --split."),
@@ -190,7 +194,8 @@ def build_index(
     request = IndexRequest(
         seq_length=seq_length, train_samples=train_samples, valid_samples=valid_samples,
         test_samples=test_samples, split=split, seed=seed,
-        weights=parse_weights(weight) if weight else None, surplus=surplus)
+        weights=parse_weights(weight) if weight else None, surplus=surplus,
+        phases=tuple(parse_phase(value) for value in phase or ()))
     built = build_sample_datasets(source, request, cache_dir=cache_dir)
     typer.echo(json.dumps(built.report, indent=1) if json_output else
                format_report(built.report))

@@ -25,6 +25,8 @@ FLAGS = {
     "surplus": "--surplus",
     "weights": "--weight",
     "weights.ENTRY": "--weight {entry}=...",
+    "phases": "--phase",
+    "phases.ENTRY": "--phase {entry}:...",
     # Megatron-LM's data arguments (data_args.py)
     "corpus": "CORPUS_DIR",
     "data_path": "--data-path",

@@ -6,7 +6,9 @@ Shares come from the blend's ``dataset_index`` (which dataset serves sample i), 
 from the samples each dataset actually serves (its first ``used`` samples in shuffle order,
 since the blend draws a dataset's samples in order): a document is seen once per time a
 served sample covers any of its tokens. Both are computed over whole arrays in blocks, so a
-blend of 100M samples costs seconds, not a Python loop per sample.
+blend of 100M samples costs seconds, not a Python loop per sample. A blend of several
+phases (``dataprep build-index --phase``) also gets each phase's weights and realized shares
+(``phase_report``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import numpy as np
 from bloomline.dataprep.blended_samples import BlendedSampleDataset
 from bloomline.dataprep.build_index import BuiltIndex
 from bloomline.dataprep.gpt_samples import GPTSampleDataset
+from bloomline.tools.phase_report import format_phase_lines, phases_of
 from bloomline.tools.samples import split_dataset
 from bloomline.tools.tables import format_table
 
@@ -130,7 +133,8 @@ def summarize_blend(built: BuiltIndex, split: str = "train", request_split: str 
             "repeats": document_repeats(components[number], int(used)),
         }
     return {"corpus": built.report["corpus"], "split": split, "samples": total,
-            "requested": info["requested"], "blend": "blend" in info, "datasets": rows,
+            "requested": info["requested"], "blend": "blend" in info,
+            "phases": phases_of(built, split), "datasets": rows,
             "left_out": info.get("left_out", [])}
 
 
@@ -154,4 +158,5 @@ def format_blend(result: dict) -> str:
              f"({kind}); realized share of samples per dataset; documents seen per dataset"]
     left_out = ([f"  left out (weight 0): {', '.join(result['left_out'])}"]  # as build-index
                 if result.get("left_out") else [])
-    return "\n".join(lines + format_table(rows) + left_out)
+    phases = format_phase_lines(result.get("phases", []))
+    return "\n".join(lines + format_table(rows) + phases + left_out)

@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import typer
 
+from bloomline.dataprep.blend_phases import parse_phase
 from bloomline.dataprep.build_index import DEFAULT_SURPLUS, IndexRequest, parse_weights
 
 __all__ = ["INDEX_OPTION_NAMES", "with_index_request"]
@@ -37,6 +38,9 @@ _OPTIONS = [
     inspect.Parameter("weight", _KW, annotation=list[str], default=typer.Option(
         None, help="NAME=W blend weight, one per dataset; 0 leaves the dataset out (default: "
         "by size, one epoch each).")),
+    inspect.Parameter("phase", _KW, annotation=list[str], default=typer.Option(
+        None, help="START:NAME=W,... blend weights from train sample START on (repeatable, "
+        "starts increasing); --weight gives the first phase's.")),
     inspect.Parameter("cache_dir", _KW, annotation=str, default=typer.Option(
         None, help="Index cache (default: CORPUS_DIR/.index).")),
     inspect.Parameter("surplus", _KW, annotation=float, default=typer.Option(
@@ -66,7 +70,8 @@ def with_index_request(command: Callable) -> Callable:
             valid_samples=options["valid_samples"], test_samples=options["test_samples"],
             split=options["split"], seed=options["seed"],
             weights=parse_weights(options["weight"]) if options["weight"] else None,
-            surplus=options["surplus"])
+            surplus=options["surplus"],
+            phases=tuple(parse_phase(value) for value in options["phase"] or ()))
         return command(request=request, cache_dir=options["cache_dir"], **kwargs)
 
     parameters = own + _OPTIONS

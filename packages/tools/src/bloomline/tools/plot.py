@@ -23,6 +23,7 @@ from bloomline.common.errors import UserError
 from bloomline.dataprep.build_index import BuiltIndex
 from bloomline.tools.blend_report import dataset_index_of, prefix_counts
 from bloomline.tools.corpus import document_lengths, open_datasets
+from bloomline.tools.phase_report import draw_phase_curves, phases_of, window_shares
 from bloomline.tools.samples import split_dataset
 
 __all__ = ["IMAGE_SIGNATURES", "INSTALL_HINT", "blend_curves", "check_plot_output",
@@ -61,7 +62,8 @@ def length_histograms(corpus_dir: str | os.PathLike) -> dict:
 
 
 def blend_curves(built: BuiltIndex, split: str, request_split: str) -> dict:
-    """Realized cumulative share of each dataset at ``_POINTS`` points of the split."""
+    """Realized cumulative share of each dataset at ``_POINTS`` points of the split, the
+    share within each window between them, and the split's phases (``phase_report``)."""
     split_ds, names = split_dataset(built, split, request_split)
     total = len(split_ds)
     stops = sorted({max(1, math.ceil(total * k / _POINTS)) for k in range(1, _POINTS + 1)})
@@ -70,7 +72,10 @@ def blend_curves(built: BuiltIndex, split: str, request_split: str) -> dict:
     return {"progress": np.asarray(stops) / total,
             "shares": counts / np.asarray(stops)[:, None],
             "weights": [info[name].get("weight", 1.0) for name in names], "names": names,
-            "samples": total}
+            "samples": total, "phases": phases_of(built, split),
+            # windows of 5 points: 40 over the split, wide enough for a share to settle
+            "window_shares": window_shares(counts[4::5], stops[4::5]),
+            "window_progress": np.asarray(stops[4::5]) / total}
 
 
 def plot_corpus(corpus_dir: str | os.PathLike, built: BuiltIndex, out: str | os.PathLike,
@@ -94,14 +99,17 @@ def plot_corpus(corpus_dir: str | os.PathLike, built: BuiltIndex, out: str | os.
     left.set(xscale="log", yscale="log", xlabel="document length (tokens)",
              ylabel="documents", title="document lengths")
     left.legend(fontsize="small")
-    for number, name in enumerate(curves["names"]):
-        line, = right.plot(curves["progress"], curves["shares"][:, number], label=name)
-        right.axhline(curves["weights"][number], color=line.get_color(), linestyle="--",
-                      linewidth=0.8)
-    right.set(xscale="log", xlabel=f"fraction of the {split} split's samples (log)",
-              ylabel="realized share so far (dashed: requested)", ylim=(0, 1.02),
-              title="blend proportions over training")
-    right.legend(fontsize="small")
+    if curves["phases"]:  # shares per window, each phase's weights, its boundaries
+        draw_phase_curves(right, curves, split)
+    else:
+        for number, name in enumerate(curves["names"]):
+            line, = right.plot(curves["progress"], curves["shares"][:, number], label=name)
+            right.axhline(curves["weights"][number], color=line.get_color(), linestyle="--",
+                          linewidth=0.8)
+        right.set(xscale="log", xlabel=f"fraction of the {split} split's samples (log)",
+                  ylabel="realized share so far (dashed: requested)", ylim=(0, 1.02),
+                  title="blend proportions over training")
+        right.legend(fontsize="small")
     buffer = io.BytesIO()
     figure.savefig(buffer, format=os.fspath(out).rsplit(".", 1)[-1].lower(), dpi=100)
     atomic_write_bytes(out, buffer.getvalue(), overwrite=overwrite)

@@ -54,6 +54,10 @@ class DataConfig:
     weights: dict[str, float] = ranged(default_factory=dict, ge=0)
     """Blend weight per dataset name (not all 0); empty: by size, one epoch each (see
     build-index)."""
+    phases: dict[str, dict[str, float]] = ranged(default_factory=dict, ge=0)
+    """Blend phases after the first (data.weights): train sample -> weights from there on,
+    e.g. [data.phases] 5000 = {code = 0.1, web = 0.9} (build-index --phase 5000:code=0.1,...).
+    One run, one index; a resume with other weights adds a phase where it resumes."""
     seed: int = ranged(1234, ge=0, le=2**32 - 1)
     """Seed of the sample shuffles (Megatron's --seed; numpy's RandomState takes 32 bits)."""
     cache_dir: str = path_field()

@@ -11,6 +11,7 @@ from bloomline.common.config_loader import check_ranges
 from bloomline.common.errors import SettingError, UserError
 from bloomline.dataprep import parse_split
 from bloomline.dataprep.blending import blended_datasets
+from bloomline.trainer.blend_phases import configured_phases
 from bloomline.trainer.config import Config, DataConfig
 from bloomline.trainer.dataprep_keys import DATAPREP_KEYS
 from bloomline.trainer.parallel.mesh import Layout
@@ -51,6 +52,7 @@ def validate(cfg: Config, data_parallel: int = 1) -> None:
             raise UserError(f"train.skip_samples[{index}] = {bounds}: expected [start, end] "
                             "with 0 <= start < end")
     _check_data(d)
+    configured_phases(d, t.train_samples)  # data.phases: starts within the run, weights
     check_wandb_settings(cfg.monitor)
     # the schedule: what the LR and the sequence length do over the run
     o, s = cfg.optimizer, cfg.schedule

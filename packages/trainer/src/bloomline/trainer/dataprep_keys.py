@@ -19,4 +19,6 @@ DATAPREP_KEYS = {
     "train_samples": "train.train_samples",
     "weights": "data.weights",
     "weights.ENTRY": "data.weights.{entry}",
+    "phases": "data.phases",
+    "phases.ENTRY": "data.phases.{entry}",
 }

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from bloomline.common.errors import UserError
+from bloomline.trainer.blend_phases import configured_phases
 from bloomline.trainer.checkpoint import load_checkpoint, load_config_of
 from bloomline.trainer.config import Config
 from bloomline.trainer.data import blend_of, open_splits
@@ -70,7 +71,8 @@ def evaluate_checkpoint(checkpoint: str | Path, split: str | None = None,
     # the splits first: a missing one is reported before the weights are read
     splits = open_splits(cfg.data.corpus, cfg.data.seq_length, cfg.train.train_samples,
                          None, cfg.data.split, cfg.data.seed, cfg.data.weights,
-                         cfg.data.cache_dir)
+                         cfg.data.cache_dir,
+                         phases=configured_phases(cfg.data, cfg.train.train_samples))
     if split not in splits:
         raise UserError(f"--split {split}: the index of {cfg.data.corpus} has no {split} split "
                         f"(data.split {cfg.data.split!r} gives it no share); choose "

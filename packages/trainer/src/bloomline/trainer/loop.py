@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from bloomline.common.errors import UserError
+from bloomline.trainer.blend_phases import configured_phases, phases_begun, resume_phases
 from bloomline.trainer.build import build_run
 from bloomline.trainer.checkpoint import list_checkpoints, tokenizer_copy_files
 from bloomline.trainer.config import Config
@@ -211,15 +212,16 @@ class Trainer:
     def _run(self) -> dict:
         cfg = self.cfg
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        resumed = self.resume()  # first: the checkpoint's blend phases shape the index
+        check_start_point(self.run_dir, cfg.checkpoint.resume, resumed, self.state.step)
+        self._settle_phases(resumed is not None)
         splits = open_splits(cfg.data.corpus, cfg.data.seq_length, cfg.train.train_samples,
                              None, cfg.data.split, cfg.data.seed, cfg.data.weights,
-                             cfg.data.cache_dir)
+                             cfg.data.cache_dir, phases=self.state.data_phases)
         train = splits["train"]
         if len(train) < cfg.train.train_samples:
             raise UserError(f"data: the train split serves {len(train)} samples, fewer than "
                             f"train.train_samples {cfg.train.train_samples}")
-        resumed = self.resume()
-        check_start_point(self.run_dir, cfg.checkpoint.resume, resumed, self.state.step)
         if self.is_main:  # the run folder usable without the original tokenizer file
             write_run_tokenizer(self.run_dir, tokenizer_copy_files(cfg.data))
         self.skips = skips_in_force(cfg.train.skip_samples, self.state.skip_samples,
@@ -253,6 +255,17 @@ class Trainer:
         finally:  # a failed run's W&B run is marked failed
             self.monitor.close(failed=not ended)
         return self.state
+
+    def _settle_phases(self, resumed: bool) -> None:
+        """The run's blend phases into the state its checkpoints save: the config's, or on
+        resume the checkpoint's past and the config's future (``blend_phases.py``), with a
+        line when a resume changed them."""
+        configured = configured_phases(self.cfg.data, self.cfg.train.train_samples)
+        consumed = self.state.consumed_samples if resumed else 0
+        phases, note = resume_phases(self.state.data_phases, configured, consumed)
+        if note:
+            self.log(note)
+        self.state.data_phases = phases
 
     def _open_batches(self, train) -> StepBatches:
         """The micro-batches from the current position (a rollback's new one: the old
@@ -307,6 +320,7 @@ class Trainer:
                       if verdict.finding is not None else None)
             if loaded is not None:
                 self.state, self.skips = loaded.state, loaded.skips
+                self.state.data_phases = state.data_phases  # the run's, not the checkpoint's
                 steps_total = self.total_steps()
                 if self.state.step >= steps_total:
                     raise UserError(
@@ -318,7 +332,10 @@ class Trainer:
                 batches = self._open_batches(train)
                 monitor.restart_window()
                 continue
+            before = state.consumed_samples
             state.advance(size, length, self.skips.advance(state.consumed_samples, size))
+            for line in phases_begun(state.data_phases, before, state.consumed_samples):
+                self.log(f"step {step}: {line}")
             guard.count_bad(state, result, step, self.precision.scaler is not None, self.log)
             monitor.step_done(step, size, length, result["loss"])
             if log_step:

@@ -56,7 +56,9 @@ class TrainState:
     (the current streak of non-finite ones), ``rollbacks`` (loss-spike rollbacks so far),
     ``skip_samples`` (the ranges of train positions never trained on, in force),
     ``loss_scale`` (the fp16 scaler's state) and ``spike_history`` (the spike detector's
-    baseline). ``stopped``: why this process stopped early (a signal, the wall clock), empty
+    baseline), ``data_phases`` (the blend phases the run trains with, ``[[start,
+    {name: weight}], ...]``, empty without weights: ``blend_phases.py``).
+    ``stopped``: why this process stopped early (a signal, the wall clock), empty
     while it runs; not saved."""
 
     step: int = 0
@@ -68,6 +70,7 @@ class TrainState:
     skip_samples: list[list[int]] = field(default_factory=list)
     loss_scale: dict = field(default_factory=dict)
     spike_history: dict = field(default_factory=dict)
+    data_phases: list = field(default_factory=list)
     stopped: str = ""
 
     _UNSAVED = ("stopped",)
@@ -95,6 +98,7 @@ class TrainState:
         for name in ("loss_scale", "spike_history"):
             if not isinstance(state.get(name, {}), dict):
                 problems.append(f"{name} {state[name]!r}: must be a JSON object")
+        problems += _phase_problems(state.get("data_phases", []))
         for key, value in state.get("loss_scale", {}).items() if not problems else ():
             if not _finite(value) or (key == "scale" and value <= 0):
                 problems.append(f"loss_scale.{key} {value!r}: must be a finite number"
@@ -144,6 +148,24 @@ class TrainState:
     def count_good(self) -> None:
         """A step that was taken ends a streak of bad ones."""
         self.bad_in_row = 0
+
+
+def _phase_problems(phases) -> list[str]:
+    """Why ``phases`` is not a list of ``[start, {name: weight}]`` with starts increasing
+    from 0 and finite weights >= 0 (empty when it is)."""
+    shape = ("data_phases: must be a list of [start, {name: weight}] with starts increasing "
+             "from 0")
+    if not isinstance(phases, list):
+        return [shape]
+    previous = -1
+    for phase in phases:
+        if not (isinstance(phase, list) and len(phase) == 2 and _count(phase[0])
+                and phase[0] > previous and (phase[0] == 0) == (previous == -1)
+                and isinstance(phase[1], dict)
+                and all(_finite(w) and w >= 0 for w in phase[1].values())):
+            return [shape]
+        previous = phase[0]
+    return []
 
 
 def _finite(value) -> bool:

@@ -14,6 +14,7 @@ This module's one job is what is read and in which order; the worker processes' 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -21,6 +22,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 
 from bloomline.common.errors import SettingError, UserError
 from bloomline.dataprep import IndexRequest, build_sample_datasets
+from bloomline.trainer.blend_phases import phase_requests
 from bloomline.trainer.config import Config
 from bloomline.trainer.data.workers import TrackedLoader, close_loader, init_worker
 from bloomline.trainer.dataprep_keys import DATAPREP_KEYS
@@ -130,15 +132,20 @@ class MegatronSampler(Sampler[list[int]]):
 
 def open_splits(corpus: str, seq_length: int, train_samples: int, valid_samples: int | None,
                 split: str, seed: int, weights: dict[str, float] | None,
-                cache_dir: str | None = None) -> dict[str, TokenSamples]:
+                cache_dir: str | None = None, phases: list | None = None
+                ) -> dict[str, TokenSamples]:
     """The train (and valid, when the split has one) samples, building the index if missing
-    (one process builds under a file lock; the others wait and map it)."""
+    (one process builds under a file lock; the others wait and map it). ``phases``: the
+    run's blend phases (``blend_phases.py``), in place of ``weights`` when given."""
     if not corpus:
         raise UserError("data.corpus: not set; give the folder of NAME.bin/.idx files "
                         "(made by dataprep tokenize)")
     request = IndexRequest(seq_length=seq_length, train_samples=train_samples,
                            valid_samples=valid_samples, test_samples=None, split=split,
                            seed=seed, weights=weights or None)
+    if phases:
+        first, later = phase_requests(phases)
+        request = replace(request, weights=first, phases=later)
     try:
         built = build_sample_datasets(corpus, request, cache_dir=cache_dir or None)
     except SettingError as err:  # dataprep's settings, worded as the trainer's keys
