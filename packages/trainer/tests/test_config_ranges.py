@@ -16,6 +16,7 @@ import math
 import os
 import subprocess
 import sys
+import types
 import typing
 from pathlib import Path
 
@@ -33,6 +34,7 @@ BIN = Path(sys.executable).parent
 # strings that are paths, names or formats rather than a fixed set of words (train.device,
 # data.split and train.profile_steps have rules of their own: test_cross_field_rules)
 FREE_TEXT = {"data.corpus", "data.tokenizer", "data.eod_token", "data.split", "data.cache_dir",
+             "data.data_path", "data.data_args_path", "data.per_split_data_args_path",
              "train.run_dir", "train.device", "train.profile_steps", "checkpoint.resume",
              "checkpoint.init_from", "monitor.wandb_project", "monitor.wandb_entity",
              "monitor.wandb_run_name", "checkpoint.snapshot_dir"}
@@ -65,7 +67,12 @@ def _fields(cls: type = Config, prefix: str = ""):
 
 
 def _scalar(hint) -> type:
-    """The item type of a field: int for list[list[int]], float for dict[str, float]."""
+    """The item type of a field: int for list[list[int]], float for dict[str, float], str for
+    list[str] | str (data.data_path: a list of words or one string of them)."""
+    if isinstance(hint, types.UnionType):
+        items = {_scalar(arg) for arg in typing.get_args(hint)}
+        if len(items) == 1:
+            return items.pop()
     while typing.get_origin(hint) in (list, dict):
         hint = typing.get_args(hint)[-1]
     return hint

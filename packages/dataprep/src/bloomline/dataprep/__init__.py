@@ -7,8 +7,11 @@ from bloomline.dataprep.build_index import (
     BlendedSampleDataset,
     BuiltIndex,
     IndexRequest,
-    build_sample_datasets,
 )
+from bloomline.dataprep.data_args import DataArgs, data_args
+
+# of a corpus folder, or of Megatron's data arguments (data_args)
+from bloomline.dataprep.data_args_build import build_sample_datasets
 from bloomline.dataprep.gpt_index import (
     SampleIndex,
     build_sample_index,
@@ -29,6 +32,7 @@ from bloomline.dataprep.tokenizer import Tokenizer, load_tokenizer, train_tokeni
 __all__ = [
     "BlendedSampleDataset",
     "BuiltIndex",
+    "DataArgs",
     "IndexRequest",
     "build_sample_datasets",
     "CorruptTokenFileError",
@@ -39,6 +43,7 @@ __all__ = [
     "TokenizeSummary",
     "Tokenizer",
     "build_sample_index",
+    "data_args",
     "load_tokenizer",
     "merge_indexed_datasets",
     "parse_split",

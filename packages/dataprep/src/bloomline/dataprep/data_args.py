@@ -42,8 +42,9 @@ from pathlib import Path
 from bloomline.common.errors import SettingError, UserError
 from bloomline.dataprep.setting_names import setting_error
 
-__all__ = ["DEFAULT_SPLIT", "DataArgs", "DataSource", "absolute_data_path", "choose_source",
-           "data_args", "dataset_names", "expand_data_path_argv", "is_weighted", "parse_data_path"]
+__all__ = ["DEFAULT_SPLIT", "DataArgs", "DataSource", "absolute_data_path", "check_choice",
+           "choose_source", "data_args", "dataset_names", "expand_data_path_argv",
+           "is_weighted", "parse_data_path"]
 
 SPLITS = ("train", "valid", "test")
 # a weight as Megatron's users write one: 0.3, 30, .5, 1e-3 (not nan, inf or a file name)
@@ -100,6 +101,23 @@ def choose_source(corpus: str | None, split: str | None, data_path: Sequence[str
     Raises:
         SettingError: none or two given, or what :func:`data_args` raises.
     """
+    check_choice(corpus, split, data_path, data_args_path, per_split_data_args_path)
+    if not corpus:
+        return (data_args(data_path, data_args_path, per_split_data_args_path),
+                split or DEFAULT_SPLIT)
+    return corpus, split or DEFAULT_SPLIT
+
+
+def check_choice(corpus: str | None, split: str | None, data_path: Sequence[str] | str = (),
+                 data_args_path: str | None = None, per_split_data_args_path: str | None = None,
+                 weights: bool = False) -> None:
+    """The rules of :func:`choose_source` that need no file read: one source given, no split
+    (and no ``weights``, when given elsewhere) beside a per-split file, no weights given twice,
+    ``--data-path``'s words well formed.
+
+    Raises:
+        SettingError: naming the settings at fault.
+    """
     given = _given(data_path, data_args_path, per_split_data_args_path)
     if corpus and given:
         raise setting_error("corpus", "{setting} {value} and {" + given[0] + "}: give one of "
@@ -108,13 +126,16 @@ def choose_source(corpus: str | None, split: str | None, data_path: Sequence[str
         raise setting_error("corpus", "{setting} not given: give a folder of NAME.bin/.idx, or "
                             "the datasets' prefixes with {data_path}, {data_args_path} or "
                             "{per_split_data_args_path}")
-    if not given:
-        return corpus, split or DEFAULT_SPLIT
-    args = data_args(data_path, data_args_path, per_split_data_args_path)
-    if args.per_split is not None and split:
+    if len(given) > 1:
+        raise setting_error(given[0], "{setting} and {" + given[1] + "}: give one of them")
+    if per_split_data_args_path and split:
         raise setting_error("split", "{setting} {value} and {per_split_data_args_path}: each "
                             "split's datasets are used whole; leave out {setting}", value=split)
-    return args, split or DEFAULT_SPLIT
+    if data_path:
+        parse_data_path(data_path)
+    if weights and ((data_path and is_weighted(data_path)) or per_split_data_args_path):
+        raise setting_error("weights", "{setting} and {" + given[0] + "}: give the weights in "
+                            "one place (W1 PREFIX1 W2 PREFIX2 ...)")
 
 
 def _given(data_path, data_args_path, per_split_data_args_path) -> list[str]:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bloomline.common.config_loader import load_config, path_field, ranged, resolve_paths
+from bloomline.dataprep.data_args import absolute_data_path
 from bloomline.trainer.kernels.cpu import CPU_FP32_MATMUL_CHOICES
 from bloomline.trainer.model.config import ModelConfig
 
@@ -26,7 +27,18 @@ __all__ = ["Config", "DataConfig", "TrainConfig", "PrecisionConfig", "OptimizerC
 @dataclass
 class DataConfig:
     corpus: str = path_field()
-    """Folder of NAME.bin/.idx token files (all used; see dataprep build-index)."""
+    """Folder of NAME.bin/.idx token files (all used; see dataprep build-index); or leave it
+    empty and give data.data_path, data.data_args_path or data.per_split_data_args_path."""
+    data_path: list[str] | str = field(default_factory=list)
+    """Megatron's --data-path: ["PREFIX", ...] or ["W1", "PREFIX1", "W2", "PREFIX2", ...] (or
+    one string of those words): PREFIX.bin/.idx anywhere, each dataset named by its file
+    stem; cut into splits by data.split. Instead of data.corpus."""
+    data_args_path: str = path_field()
+    """Megatron's --data-args-path: a file holding data.data_path's words."""
+    per_split_data_args_path: str = path_field()
+    """Megatron's --per-split-data-args-path: JSON {"train": [...], "valid": [...], "test":
+    [...]}, a blend per split (data.data_path's forms), each dataset used whole; data.split
+    stays at its default."""
     tokenizer: str = path_field(if_exists=True)
     """The corpus's tokenizer: a SentencePiece .model, a Hugging Face tokenizer.json (or its
     folder), a tiktoken .tiktoken file or tiktoken:NAME. Sizes the vocabulary (model.vocab_size
@@ -61,7 +73,8 @@ class DataConfig:
     seed: int = ranged(1234, ge=0, le=2**32 - 1)
     """Seed of the sample shuffles (Megatron's --seed; numpy's RandomState takes 32 bits)."""
     cache_dir: str = path_field()
-    """Index cache; empty: CORPUS/.index."""
+    """Index cache (Megatron's --data-cache-path); empty: CORPUS/.index, or .index beside the
+    first prefix of data.data_path (or the data args files')."""
     num_workers: int = ranged(2, ge=0)
     """DataLoader worker processes (0: load in the training process)."""
     prefetch_factor: int = ranged(4, ge=1)
@@ -392,7 +405,8 @@ class Config:
         "save_interval": ("interval",), "save": ("run_dir",), "output_dir": ("run_dir",),
         "load": ("resume",), "grad_clip": ("clip_grad",), "max_grad_norm": ("clip_grad",),
         "adam_beta1": ("beta1",), "adam_beta2": ("beta2",), "adam_eps": ("eps",),
-        "adam_epsilon": ("eps",), "data_path": ("corpus",), "tokenizer_model": ("tokenizer",),
+        "adam_epsilon": ("eps",), "tokenizer_model": ("tokenizer",), "data_cache_path":
+        ("cache_dir",),
         "tensor_model_parallel_size": ("tensor_parallel",),
         "pipeline_model_parallel_size": ("pipeline_parallel",),
         # Megatron's flags as typed on its command line
@@ -409,4 +423,6 @@ def load_trainer_config(path: str | Path | None, overrides: list[str] | None = N
     cfg = load_config(Config, path, overrides or [])
     # relative to where the command runs: the saved config then works from anywhere
     resolve_paths(cfg)
+    if cfg.data.data_path:  # its prefixes too (its weights kept)
+        cfg.data.data_path = absolute_data_path(cfg.data.data_path, Path.cwd())
     return cfg

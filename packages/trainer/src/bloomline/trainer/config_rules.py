@@ -11,6 +11,7 @@ from bloomline.common.config_loader import check_ranges
 from bloomline.common.errors import SettingError, UserError
 from bloomline.dataprep import parse_split
 from bloomline.dataprep.blending import blended_datasets
+from bloomline.dataprep.data_args import DEFAULT_SPLIT, check_choice
 from bloomline.trainer.blend_phases import configured_phases
 from bloomline.trainer.config import Config, DataConfig
 from bloomline.trainer.dataprep_keys import DATAPREP_KEYS
@@ -87,6 +88,12 @@ def _check_data(d: DataConfig) -> None:
         parse_split(d.split)
     except SettingError as err:  # dataprep's setting, worded as the trainer's key
         raise err.named(DATAPREP_KEYS) from None
+    if d.data_path or d.data_args_path or d.per_split_data_args_path:
+        try:  # Megatron's data arguments: one source, no split or weights given twice
+            check_choice(d.corpus, None if d.split == DEFAULT_SPLIT else d.split, d.data_path,
+                         d.data_args_path, d.per_split_data_args_path, weights=bool(d.weights))
+        except SettingError as err:
+            raise err.named(DATAPREP_KEYS) from None
     if d.weights:  # the blend's rule, in build-index's words (weight 0 leaves a dataset out)
         try:
             blended_datasets(d.weights)

@@ -19,6 +19,10 @@ DATAPREP_KEYS = {
     "train_samples": "train.train_samples",
     "weights": "data.weights",
     "weights.ENTRY": "data.weights.{entry}",
+    "corpus": "data.corpus",
+    "data_path": "data.data_path",
+    "data_args_path": "data.data_args_path",
+    "per_split_data_args_path": "data.per_split_data_args_path",
     "phases": "data.phases",
     "phases.ENTRY": "data.phases.{entry}",
 }

@@ -35,6 +35,7 @@ from bloomline.trainer.data import (
     open_step_batches,
     sample_sources,
 )
+from bloomline.trainer.data.data_source import data_source
 from bloomline.trainer.evaluation import evaluate_split
 from bloomline.trainer.kernels.cpu.linear import configure_cpu_fp32_matmul
 from bloomline.trainer.malloc import tune_malloc
@@ -215,7 +216,7 @@ class Trainer:
         resumed = self.resume()  # first: the checkpoint's blend phases shape the index
         check_start_point(self.run_dir, cfg.checkpoint.resume, resumed, self.state.step)
         self._settle_phases(resumed is not None)
-        splits = open_splits(cfg.data.corpus, cfg.data.seq_length, cfg.train.train_samples,
+        splits = open_splits(data_source(cfg.data), cfg.data.seq_length, cfg.train.train_samples,
                              None, cfg.data.split, cfg.data.seed, cfg.data.weights,
                              cfg.data.cache_dir, phases=self.state.data_phases)
         train = splits["train"]

@@ -11,8 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from bloomline.common.errors import UserError
-from bloomline.dataprep.fingerprint import check_same_tokenizer, corpus_prefixes
+from bloomline.dataprep.fingerprint import check_same_tokenizer
 from bloomline.trainer.config import DataConfig
+from bloomline.trainer.data.data_source import run_prefixes
 from bloomline.trainer.data.run_tokenizer import load_run_tokenizer
 
 __all__ = ["check_document_settings", "masks_documents", "missing_eod", "run_eod_id"]
@@ -40,8 +41,9 @@ def run_eod_id(data: DataConfig) -> int | None:
         tokenizer = load_run_tokenizer(data)
         if tokenizer.has_eod:
             return tokenizer.eod_id
-    if data.corpus:
-        record = check_same_tokenizer(corpus_prefixes(data.corpus))
+    prefixes = run_prefixes(data)  # data.corpus's, or data.data_path's
+    if prefixes:
+        record = check_same_tokenizer(prefixes)
         if record is not None and record["tokenizer"].get("eod_id") is not None:
             return int(record["tokenizer"]["eod_id"])
     return None

@@ -139,7 +139,7 @@ def open_splits(corpus: str, seq_length: int, train_samples: int, valid_samples:
     run's blend phases (``blend_phases.py``), in place of ``weights`` when given."""
     if not corpus:
         raise UserError("data.corpus: not set; give the folder of NAME.bin/.idx files "
-                        "(made by dataprep tokenize)")
+                        "(made by dataprep tokenize), or their prefixes with data.data_path")
     request = IndexRequest(seq_length=seq_length, train_samples=train_samples,
                            valid_samples=valid_samples, test_samples=None, split=split,
                            seed=seed, weights=weights or None)

@@ -12,9 +12,10 @@ from collections.abc import Callable
 import torch
 
 from bloomline.common.errors import UserError
-from bloomline.dataprep.fingerprint import check_tokenizer_matches, corpus_prefixes
+from bloomline.dataprep.fingerprint import check_tokenizer_matches
 from bloomline.trainer.config import DataConfig
 from bloomline.trainer.data.corpus_vocabulary import check_unfingerprinted
+from bloomline.trainer.data.data_source import run_prefixes
 from bloomline.trainer.data.run_tokenizer import load_run_tokenizer
 
 __all__ = ["check_token_ids", "check_vocabulary"]
@@ -39,9 +40,9 @@ def check_vocabulary(data: DataConfig, model_vocab: int,
                         f"{tokenizer.vocab_size} tokens is larger than model.vocab_size "
                         f"{model_vocab}; raise model.vocab_size (or set it to 0 to size it "
                         "from the tokenizer)")
-    if data.corpus:
-
-        check_tokenizer_matches(corpus_prefixes(data.corpus), tokenizer, "data.tokenizer")
+    prefixes = run_prefixes(data)  # data.corpus's, or data.data_path's
+    if prefixes:
+        check_tokenizer_matches(prefixes, tokenizer, "data.tokenizer")
         check_unfingerprinted(corpus_prefixes(data.corpus), tokenizer.vocab_size,
                               _eod_or_none(tokenizer), f"data.tokenizer {data.tokenizer}", log)
     return tokenizer.vocab_size
