@@ -69,6 +69,12 @@ def choose_eval_data(cfg: Config, corpus: str | None, split: str | None) -> Eval
     if split is not None and split not in EVAL_SPLITS:
         raise UserError(f"--split {split}: expected one of {', '.join(EVAL_SPLITS)}")
     folder = corpus or cfg.data.corpus
+    if not folder:  # the run names its files otherwise (data.data_path): read as it did
+        if split == "all":
+            raise UserError("--split all: give the corpus folder to score whole with --data")
+        return EvalData("", split or "valid", cfg.data.weights, cfg.data.cache_dir, True,
+                        f"the run's data, scored as the run's validation; scoring its "
+                        f"{split or 'valid'} split (data.split {cfg.data.split})")
     names = list(corpus_prefixes(folder))
     if not names:
         raise UserError(f"--data {folder}: no NAME.idx token files there (a folder made by "
@@ -161,6 +167,8 @@ def check_eval_tokens(cfg: Config, checkpoint: str | Path, data: EvalData, model
     ``data.tokenizer``): fingerprints must match it, files without one must hold ids below
     its vocabulary (``data/corpus_vocabulary.py``). Without a tokenizer to load, files
     without a fingerprint are held against the model's ``model_vocab`` embedding rows."""
+    if not data.corpus:  # the run's own files, checked as the run checked them
+        return
     spec = inference_tokenizer(checkpoint, cfg.data.tokenizer)
     prefixes = corpus_prefixes(data.corpus)
     if spec and (spec.startswith("tiktoken:") or Path(spec).exists()):
