@@ -43,7 +43,7 @@ def check_vocabulary(data: DataConfig, model_vocab: int,
     prefixes = run_prefixes(data)  # data.corpus's, or data.data_path's
     if prefixes:
         check_tokenizer_matches(prefixes, tokenizer, "data.tokenizer")
-        check_unfingerprinted(corpus_prefixes(data.corpus), tokenizer.vocab_size,
+        check_unfingerprinted(prefixes, tokenizer.vocab_size,
                               _eod_or_none(tokenizer), f"data.tokenizer {data.tokenizer}", log)
     return tokenizer.vocab_size
 
