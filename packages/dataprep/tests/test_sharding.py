@@ -501,8 +501,10 @@ def test_overwrite_of_a_part_never_leaves_a_stale_record(tiny_tokenizer, tmp_pat
         raise OSError("killed before the record was written")
 
     monkeypatch.setattr(tokenize_module, "write_shard_record", die)
+    again = tmp_path / "again.jsonl"  # another file: a file named twice is read once
+    again.write_bytes(good.read_bytes())
     with pytest.raises(OSError, match="killed"):
-        _tokenize([good, good], tiny_tokenizer, prefix, shard=(0, 1), overwrite=True)
+        _tokenize([good, again], tiny_tokenizer, prefix, shard=(0, 1), overwrite=True)
     assert IndexedDataset(prefix).num_documents == 120  # the new run's files
     assert not shard_record_path(prefix).exists()
 
