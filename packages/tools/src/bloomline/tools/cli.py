@@ -15,7 +15,8 @@ import typer
 
 from bloomline.common.errors import UserError, exit_on_user_error
 from bloomline.common.output_lock import output_lock
-from bloomline.dataprep.build_index import IndexRequest, build_sample_datasets
+from bloomline.dataprep import DataArgs, IndexRequest, build_sample_datasets
+from bloomline.dataprep.data_args import expand_data_path_argv
 from bloomline.dataprep.tokenizer import TOKENIZER_SPEC_HELP
 from bloomline.tools.blend_report import format_blend, summarize_blend
 from bloomline.tools.diff import diff_token_files, format_diff
@@ -38,6 +39,8 @@ app = typer.Typer(
 _JSON = typer.Option(False, "--json", help="Print one JSON document instead of text.")
 _TOKENIZER = typer.Option(
     None, help=f"Tokenizer to decode with: {TOKENIZER_SPEC_HELP} (default: ids).")
+_CORPUS_HELP = ("Folder of NAME.bin/.idx token files; or name them with --data-path, "
+                "--data-args-path or --per-split-data-args-path instead.")
 _FROM = typer.Option("train", "--from",
                      help="Split to read: train, valid or test (--split gives their shares).")
 
@@ -51,7 +54,7 @@ def _vocabulary(model: str | None):
     return Vocabulary(model) if model else None
 
 
-def _built(corpus_dir: str, request: IndexRequest, cache_dir: str | None):
+def _built(corpus_dir: str | DataArgs, request: IndexRequest, cache_dir: str | None):
     # the trainer's own call: builds the cache entries if missing, reuses them otherwise
     return build_sample_datasets(corpus_dir, request, cache_dir=cache_dir)
 
@@ -114,7 +117,7 @@ def show(
 @app.command()
 @with_index_request
 def sample(
-    corpus_dir: str = typer.Argument(..., help="Folder of NAME.bin/.idx token files."),
+    corpus_dir: str = typer.Argument(None, help=_CORPUS_HELP),
     index: int = typer.Option(..., help="Sample number K in the order the trainer reads."),
     from_split: str = _FROM,
     tokenizer: str = _TOKENIZER,
@@ -138,7 +141,7 @@ def sample(
 @app.command()
 @with_index_request
 def blend(
-    corpus_dir: str = typer.Argument(..., help="Folder of NAME.bin/.idx token files."),
+    corpus_dir: str = typer.Argument(None, help=_CORPUS_HELP),
     from_split: str = _FROM,
     json_output: bool = _JSON,
     request: IndexRequest = None,
@@ -185,7 +188,7 @@ def diff(
 @app.command()
 @with_index_request
 def plot(
-    corpus_dir: str = typer.Argument(..., help="Folder of NAME.bin/.idx token files."),
+    corpus_dir: str = typer.Argument(None, help=_CORPUS_HELP),
     out: str = typer.Option(..., help="Output .png (or .svg) file."),
     from_split: str = _FROM,
     overwrite: bool = typer.Option(False, help="Replace an existing PNG/SVG (nothing else)."),
@@ -210,6 +213,8 @@ def plot(
 
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: user errors become one line on stderr and exit code 1."""
+    # Megatron's `--data-path W1 P1 W2 P2` as the repeated option click reads
+    argv = expand_data_path_argv(sys.argv[1:] if argv is None else argv)
     exit_on_user_error(lambda: app(args=argv, prog_name="inspect-data"))
 
 

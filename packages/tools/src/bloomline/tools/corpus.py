@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 
 from bloomline.common.errors import UserError
-from bloomline.dataprep.build_index import find_datasets
+from bloomline.dataprep.build_index import find_datasets, open_token_files
+from bloomline.dataprep.data_args import DataArgs
 from bloomline.dataprep.indexed_dataset import CorruptTokenFileError, IndexedDataset
 
 __all__ = [
@@ -39,12 +40,15 @@ __all__ = [
 CHUNK_BYTES = 64 << 20
 
 
-def open_datasets(path: str | os.PathLike) -> dict[str, IndexedDataset]:
-    """``corpus/NAME`` (one token file) or a corpus folder (every ``NAME.idx`` in it), by name.
+def open_datasets(path: str | os.PathLike | DataArgs) -> dict[str, IndexedDataset]:
+    """``corpus/NAME`` (one token file), a corpus folder (every ``NAME.idx`` in it), or the
+    datasets of ``--data-path`` and the like (``DataArgs``), by name.
 
     Raises:
         UserError: missing files or folder, a corrupt header, mixed dtypes in a folder.
     """
+    if isinstance(path, DataArgs):
+        return open_token_files(path.sources(), path.text)
     path = Path(path)
     if path.is_dir():
         return find_datasets(path)
