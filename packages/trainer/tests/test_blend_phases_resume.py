@@ -19,6 +19,7 @@ from trainer_fixtures import tiny_config
 
 from bloomline.common.errors import UserError
 from bloomline.dataprep.indexed_dataset import IndexedDatasetWriter
+from bloomline.trainer.blend_phases import reordered_datasets
 from bloomline.trainer.config_rules import validate
 from bloomline.trainer.data import loader, open_splits
 from bloomline.trainer.loop import Trainer
@@ -92,6 +93,7 @@ def test_new_weights_on_resume_are_a_phase_and_the_past_stays(corpus, sessions):
                        "checkpoint's; blend phases now 0: a=0.5 b=0.5; 12: a=0.2 b=0.8 (the "
                        "samples before 12 unchanged)"], second["lines"]
     assert "step 4: blend phase 1 begins at sample 12: a=0.2 b=0.8" in second["lines"]
+    assert not any(line.startswith("warning: data") for line in second["lines"])  # 1 epoch
     # the uninterrupted start (one phase) and the run's final index agree on the past
     cfg = _config(corpus, sessions["run_dir"], FIRST, 0)
     args = (corpus, cfg.data.seq_length, SAMPLES, None, cfg.data.split, cfg.data.seed)
@@ -165,3 +167,17 @@ def test_unknown_dataset_in_a_phase_names_the_key(corpus):
                     phases=[[0, FIRST], [12, {"a": 0.5, "web": 0.5}]])
     assert str(refused.value).startswith("data.phases.12: no dataset 'web' in the corpus"), \
         str(refused.value)
+
+
+def test_a_phase_that_changes_a_datasets_epochs_is_named(corpus):
+    """Bug: new phases that draw another number of epochs of a dataset (its whole order
+    reshuffled by megatron-core's rule, so samples repeat or are skipped after the resume)
+    going unsaid."""
+    args = (corpus, 32, 400, None, "90,10,0", 1234, FIRST)
+    before = open_splits(*args, phases=[[0, FIRST]])["train"].samples
+    after = open_splits(*args, phases=[[0, FIRST], [12, {"a": 1.0, "b": 0.0}]])["train"]
+    lines = reordered_datasets(before, after.samples, 12)
+    assert [line.split(": its")[0] for line in lines] == [
+        "warning: data: the new blend phases draw 3 epoch(s) of 'a' where the checkpoint's "
+        "drew 2", "warning: data: the new blend phases draw 1 epoch(s) of 'b' where the "
+        "checkpoint's drew 2"], lines

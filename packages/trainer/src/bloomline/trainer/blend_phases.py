@@ -21,7 +21,8 @@ from bloomline.dataprep.blend_phases import BlendPhase
 from bloomline.dataprep.blending import blended_datasets
 from bloomline.trainer.config import DataConfig
 
-__all__ = ["configured_phases", "phase_requests", "phases_begun", "resume_phases"]
+__all__ = ["configured_phases", "phase_requests", "phases_begun", "reordered_datasets",
+           "resume_phases"]
 
 Phases = list[list]  # [[start, {name: weight}], ...], the first start 0
 
@@ -118,3 +119,28 @@ def _describe(weights: dict) -> str:
 
 def _same(a: Phases, b: Phases) -> bool:
     return [[int(s), dict(w)] for s, w in a] == [[int(s), dict(w)] for s, w in b]
+
+
+def reordered_datasets(before, after, consumed: int) -> list[str]:
+    """A warning line for each dataset whose train sample order differs between the index
+    of the checkpoint's phases (``before``) and of the new ones (``after``): a dataset's
+    order is a function of its number of epochs (megatron-core shuffles the documents of all
+    epochs together), so new phases that draw another number of its epochs reshuffle it
+    from its first sample. Both are a train split's samples (a blend: ``.names``,
+    ``.datasets`` with their ``.index``)."""
+    if not hasattr(before, "names") or not hasattr(after, "names"):
+        return []
+    old = {name: component.index for name, component in zip(before.names, before.datasets,
+                                                             strict=True)}
+    lines = []
+    for name, component in zip(after.names, after.datasets, strict=True):
+        index, previous = component.index, old.get(name)
+        if previous is None or (index.num_epochs, index.separate_last_epoch) == (
+                previous.num_epochs, previous.separate_last_epoch):
+            continue
+        lines.append(f"warning: data: the new blend phases draw {index.num_epochs} epoch(s) "
+                     f"of {name!r} where the checkpoint's drew {previous.num_epochs}: its "
+                     "sample order is reshuffled, so after sample "
+                     f"{consumed:,} some of its samples may come again and others never "
+                     "(keep its total draw within as many epochs as before to keep its order)")
+    return lines

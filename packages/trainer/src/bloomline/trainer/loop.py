@@ -17,7 +17,12 @@ from pathlib import Path
 import torch
 
 from bloomline.common.errors import UserError
-from bloomline.trainer.blend_phases import configured_phases, phases_begun, resume_phases
+from bloomline.trainer.blend_phases import (
+    configured_phases,
+    phases_begun,
+    reordered_datasets,
+    resume_phases,
+)
 from bloomline.trainer.build import build_run
 from bloomline.trainer.checkpoint import list_checkpoints, tokenizer_copy_files
 from bloomline.trainer.config import Config
@@ -216,10 +221,12 @@ class Trainer:
         resumed = self.resume()  # first: the checkpoint's blend phases shape the index
         check_start_point(self.run_dir, cfg.checkpoint.resume, resumed, self.state.step)
         self._settle_phases(resumed is not None)
-        splits = open_splits(data_source(cfg.data), cfg.data.seq_length, cfg.train.train_samples,
-                             None, cfg.data.split, cfg.data.seed, cfg.data.weights,
-                             cfg.data.cache_dir, phases=self.state.data_phases)
+        splits = self._open_splits(self.state.data_phases)
         train = splits["train"]
+        if self._phases_before:  # a resume changed the phases: a dataset's order with them?
+            before = self._open_splits(self._phases_before)["train"].samples
+            for line in reordered_datasets(before, train.samples, self.state.consumed_samples):
+                self.log(line)
         if len(train) < cfg.train.train_samples:
             raise UserError(f"data: the train split serves {len(train)} samples, fewer than "
                             f"train.train_samples {cfg.train.train_samples}")
@@ -266,7 +273,15 @@ class Trainer:
         phases, note = resume_phases(self.state.data_phases, configured, consumed)
         if note:
             self.log(note)
+        self._phases_before = self.state.data_phases if note else None
         self.state.data_phases = phases
+
+    def _open_splits(self, phases: list) -> dict:
+        """The run's train and valid samples, the train blend in ``phases``."""
+        cfg = self.cfg
+        return open_splits(data_source(cfg.data), cfg.data.seq_length, cfg.train.train_samples,
+                           None, cfg.data.split, cfg.data.seed, cfg.data.weights,
+                           cfg.data.cache_dir, phases=phases)
 
     def _open_batches(self, train) -> StepBatches:
         """The micro-batches from the current position (a rollback's new one: the old
