@@ -17,6 +17,7 @@ from bloomline.trainer.config import load_trainer_config
 from bloomline.trainer.config_rules import validate
 from bloomline.trainer.data import open_splits
 from bloomline.trainer.data.data_source import data_source
+from bloomline.trainer.evaluate_command import evaluate_checkpoint
 from bloomline.trainer.loop import Trainer
 
 
@@ -33,7 +34,8 @@ def folders(tmp_path_factory) -> tuple[str, str]:
 def test_run_trains_on_a_weighted_data_path_over_two_folders(tmp_path, folders):
     """Bug: the trainer needs data.corpus (a folder), reads other samples than build-index
     for the same words, loses the dataset names (equal stems: code/toy, docs/toy) in its
-    per-dataset validation, or saves relative prefixes that break a resume elsewhere."""
+    per-dataset validation, saves relative prefixes that break a resume elsewhere, or
+    `trainer evaluate` of its checkpoint looks for a corpus folder the run never had."""
     code, docs = folders
     cfg = tiny_config("", tmp_path / "run", train={"eval_interval": 10, "eval_samples": 4,
                                                    "train_samples": 40})
@@ -46,6 +48,11 @@ def test_run_trains_on_a_weighted_data_path_over_two_folders(tmp_path, folders):
     saved = tomllib.loads((tmp_path / "run/config.toml").read_text())["data"]
     assert saved["data_path"] == ["0.25", code, "0.75", docs]
     assert (Path(code).parent / ".index").is_dir()  # beside the first prefix
+    # trainer evaluate reads the run's own valid split through the same arguments
+    result, step, scored = evaluate_checkpoint(tmp_path / "run/checkpoints/step_00000010")
+    assert step == 10 and scored.split == "valid" and "--data-path 0.25" in scored.note
+    assert result.record() == pytest.approx(
+        {k: v for k, v in valid.items() if k.startswith("valid_")}, rel=1e-4)
     # the same samples as build-index's for the same words
     request = IndexRequest(seq_length=32, train_samples=40, split="90,10,0")
     ours = build_sample_datasets(data_args(f"0.25 {code} 0.75 {docs}"), request).splits

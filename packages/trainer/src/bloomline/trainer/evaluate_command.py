@@ -14,10 +14,12 @@ from pathlib import Path
 import torch
 
 from bloomline.common.errors import UserError
+from bloomline.dataprep.data_args_build import describe
 from bloomline.trainer.blend_phases import configured_phases
 from bloomline.trainer.checkpoint import load_checkpoint, load_config_of
 from bloomline.trainer.config import Config
 from bloomline.trainer.data import blend_of, open_splits
+from bloomline.trainer.data.data_source import data_source, uses_data_args
 from bloomline.trainer.evaluate_corpus import (
     EvalData,
     check_eval_tokens,
@@ -59,6 +61,8 @@ def evaluate_checkpoint(checkpoint: str | Path, split: str | None = None,
     count = cfg.train.eval_samples if num_samples is None else num_samples
     if count < 1:
         raise UserError(f"--samples {count}: must be at least 1")
+    if corpus is None and uses_data_args(cfg.data):
+        return _scored_data_args(cfg, path, split or "valid", count)
     if corpus is None and cfg.data.corpus and not Path(cfg.data.corpus).exists():
         raise UserError(f"{checkpoint}: its data.corpus {cfg.data.corpus} no longer exists; "
                         "pass --data with the corpus folder (a copy of it)")
@@ -87,6 +91,31 @@ def _scored(cfg: Config, path: Path, samples, count: int, data: EvalData
     runner, state = _checkpoint_runner(cfg, path)
     name = _single_name(cfg.data.corpus) if blend_of(samples) is None else "blend"
     result = evaluate_split(runner.sample_losses, samples, count, data.split, name)
+    return result, int(state.get("step", 0)), data
+
+
+def _scored_data_args(cfg: Config, path: Path, split: str, count: int
+                      ) -> tuple[SplitEvaluation, int, EvalData]:
+    """A run that named its datasets by Megatron's data arguments (data.data_path, ...):
+    its own valid or test split, read as its validation read it."""
+    source = data_source(cfg.data)
+    if split not in SPLITS:
+        raise UserError(f"--split {split}: a run of {describe(source)} is scored on its valid "
+                        "or test split (--data CORPUS scores another corpus whole)")
+    splits = open_splits(source, cfg.data.seq_length, cfg.train.train_samples, None,
+                         cfg.data.split, cfg.data.seed, cfg.data.weights, cfg.data.cache_dir,
+                         phases=configured_phases(cfg.data, cfg.train.train_samples))
+    if split not in splits:
+        raise UserError(f"--split {split}: the run's data ({describe(source)}) has no {split} "
+                        f"split; choose {' or '.join(s for s in SPLITS if s in splits)}")
+    samples = splits[split]
+    names = (source.per_split[split] if source.per_split is not None else source.blend)
+    name = names[0].name if blend_of(samples) is None else "blend"
+    runner, state = _checkpoint_runner(cfg, path)
+    result = evaluate_split(runner.sample_losses, samples, count, split, name)
+    data = EvalData(describe(source), split, cfg.data.weights or None, cfg.data.cache_dir, True,
+                    f"{describe(source)}: the run's datasets, scored as the run's validation "
+                    f"(its {split} split)")
     return result, int(state.get("step", 0)), data
 
 
