@@ -12,7 +12,7 @@ DEMO   := build/demo
 STAMP     := $(VENV)/.installed-dev
 STAMP_CMP := $(VENV)/.installed-compat
 
-.PHONY: demo test test-fast wheelhouse lint bench-tokenize bench-tokenize-cluster bench-readers bench-build-index bench-inspect bench-train bench-step-parts bench-parallel bench-checkpoint bench-snapshot gpu-check clean
+.PHONY: demo test test-fast wheelhouse lint bench-tokenize bench-tokenize-cluster bench-readers bench-build-index bench-inspect bench-train bench-step-parts bench-parallel bench-checkpoint bench-snapshot bench-document-masks gpu-check clean
 
 # bloomline needs Python 3.11+ (tomllib, and the pinned numpy, typer, matplotlib and the newest
 # torch have left 3.10): an older one is refused here in one line rather than deep in pip
@@ -133,6 +133,11 @@ bench-checkpoint: $(STAMP)
 
 bench-snapshot: $(STAMP)
 	$(BIN)/python -m benchmarks.snapshot
+
+# document masking's cost: get_batch with and without document ids, the step's ids and masked
+# bias / BlockMask against its attention
+bench-document-masks: $(STAMP)
+	$(BIN)/python -m benchmarks.document_masks
 
 # what CPU cannot check (flex backward, bf16 350m beside the plan, NCCL dp2/tp2, throughput vs
 # plan); no GPU: exit 2. On a GPU machine the command is `python3 -m benchmarks.gpu_check` with
