@@ -563,6 +563,9 @@ def format_report(report: dict) -> str:
     """The report as a few aligned lines per split, for people (``--json`` is for scripts)."""
     lines = [f"{report['corpus']}: L={report['seq_length']} seed={report['seed']} "
              f"split={report['split']} cache={report['cache_dir']}"]
+    if report.get("datasets"):  # --data-path and the like: which name is which prefix
+        lines.append("datasets: " + ", ".join(
+            f"{name}={prefix}" for name, prefix in report["datasets"].items()))
     for split, info in report["splits"].items():
         requested = info["requested"]
         head = f"{split}: {info['samples']:,} samples"
