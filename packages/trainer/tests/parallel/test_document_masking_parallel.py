@@ -30,13 +30,15 @@ def _assert_matches(reference: dict, results: list[dict]) -> None:
 
 
 @pytest.mark.slow
-def test_tp2_with_selective_recompute_masks_documents_like_one_process(reference):
+def test_tp2_sp_with_selective_recompute_masks_documents_like_one_process(reference):
     """Bug: a tensor-parallel rank masks its heads' bias with another sample's document ids
-    or drops them (the bias is per head range), the selective recomputation of the attention
+    or drops them (the bias is per head range), sequence parallelism sizes the bias by a
+    rank's sequence shard instead of the whole sample, the selective recomputation of the attention
     core replays it without the per-sample bias, the max attention logit reads across
     documents on a rank, or the vocabulary-parallel loss counts the EOD inputs
     eod_mask_loss leaves out."""
-    parallel = {"tensor_parallel": 2, "activation_checkpoint": "selective"}
+    parallel = {"tensor_parallel": 2, "sequence_parallel": True,
+                "activation_checkpoint": "selective"}
     _assert_matches(reference, run_distributed(2, document_run, {**ADAM,
                                                                  "parallel": parallel}))
 
