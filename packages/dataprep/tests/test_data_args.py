@@ -92,6 +92,9 @@ def test_argv_words_become_repeated_options():
                                   "--seq-length", "8"]) == [
         "build-index", "--data-path", "0.3", "--data-path", "a", "--data-path", "0.7",
         "--data-path", "b", "--seq-length", "8"]
+    assert expand_data_path_argv(["--data-path=0.3", "a", "0.7", "b", "-h"]) == [
+        "--data-path", "0.3", "--data-path", "a", "--data-path", "0.7", "--data-path", "b",
+        "-h"]
 
 
 def test_prefixes_made_absolute_keep_their_weights(tmp_path):

@@ -201,11 +201,16 @@ def absolute_data_path(data_path: Sequence[str] | str, base: str | os.PathLike) 
 def expand_data_path_argv(argv: list[str], options: Sequence[str] = ("--data-path",)
                           ) -> list[str]:
     """``--data-path W1 P1 W2 P2`` (Megatron's argparse ``nargs='*'``) as the repeated option
-    click reads: ``--data-path W1 --data-path P1 ...``. The words run to the next option
-    (a word starting with ``--``, or ``-`` and a letter)."""
+    click reads: ``--data-path W1 --data-path P1 ...`` (also from ``--data-path=W1 P1 ...``).
+    The words run to the next option (a word starting with ``--``, or ``-`` and a letter)."""
     out: list[str] = []
     option = None
     for word in argv:
+        name, equals, value = word.partition("=")
+        if equals and name in options:  # --data-path=W1 P1 W2 ...: the rest follows it
+            option = name
+            out.extend((option, value))
+            continue
         if word.startswith("--") or re.match(r"-[A-Za-z]", word):
             option = word if word in options else None
             out.append(word)

@@ -8,7 +8,10 @@ its sample order against the unweighted prefix).
 ``--per-split-data-args-path`` (``blend_per_split``): each split is built on its own from the
 datasets its list names, each used whole (megatron-core's split matrix ``(0, 1)`` for that
 split); ``--split`` is not used (megatron-core refuses it beside ``blend_per_split``). A split
-of one prefix is that dataset alone, weighted or not, as megatron-core's builder does.
+of one prefix is that dataset alone, weighted or not, as megatron-core's builder does. A
+weighted split without a sample count (valid and test by default) is one epoch of each of its
+datasets blended by size, as for a corpus folder (megatron-core refuses weights without a
+count).
 
 :func:`build_sample_datasets` takes a corpus folder or the result of
 :func:`bloomline.dataprep.data_args.data_args`.
