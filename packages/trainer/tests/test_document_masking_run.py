@@ -45,7 +45,8 @@ def _losses(run_dir) -> tuple[list[float], list[float]]:
 def test_document_masking_changes_what_a_run_trains(tmp_path, make_config):
     """Bug: the settings load but never reach the step (the runner built without them, the
     loader's batches bypassing them) or validation, so a masked run trains and evaluates
-    exactly as an unmasked one on samples of several documents."""
+    exactly as an unmasked one on samples of several documents; or the run's first line does
+    not say that documents are masked."""
     corpus = _packed_corpus(tmp_path / "corpus")
     runs = {}
     for name, data in [("plain", {}), ("masked", {"reset_attention_mask": True,
@@ -53,10 +54,14 @@ def test_document_masking_changes_what_a_run_trains(tmp_path, make_config):
         cfg = make_config(corpus, tmp_path / name, data=data,
                           train={"train_samples": 16, "log_interval": 1, "eval_interval": 4,
                                  "eval_samples": 4})
-        trainer = Trainer(cfg, log=lambda line: None)
+        printed: list[str] = []
+        trainer = Trainer(cfg, log=printed.append)
         assert trainer.spec.eod_id == (EOD if data else None)
         trainer.run()
         runs[name] = _losses(tmp_path / name)
+        said = any("attention within documents; no loss on EOD inputs;" in line
+                   for line in printed)
+        assert said == bool(data), "the model line says whether documents are masked"
     (plain, plain_valid), (masked, masked_valid) = runs["plain"], runs["masked"]
     assert len(plain) == len(masked) == 4 and len(plain_valid) == len(masked_valid) == 1
     # the same weights and samples at step 1: only the masking differs

@@ -184,9 +184,13 @@ class RunMonitor:
         if zero:
             self._run_info["zero"] = zero
         self._write_run_files()
+        # document masking (trainer README, Document masking), said where it changes the run
+        documents = "".join(f"{words}; " for on, words in (
+            (cfg.data.reset_attention_mask, "attention within documents"),
+            (cfg.data.eod_mask_loss, "no loss on EOD inputs")) if on)
         self.log(f"model: {self._run_info['parameters']:,} parameters; "
                  f"{self.layout.describe()}; " + (f"{zero}; " if zero else "")
-                 + f"device {self.device}; {self.precision.name}; "
+                 + f"device {self.device}; {self.precision.name}; {documents}"
                  f"matmul peak {self.peak.describe()}"
                  + (f"; resumed from {resumed}" if resumed else "")
                  + (f"; weights from {initialized} ({init_format}), optimizer "
