@@ -108,3 +108,21 @@ def test_missing_prefix_and_per_split_file_named_by_key(tmp_path, folders):
     cfg.data.data_path, cfg.data.per_split_data_args_path = [], str(tmp_path / "splits.json")
     with pytest.raises(UserError, match=r'^data.per_split_data_args_path .*: no "train"'):
         data_source(cfg.data)
+
+
+def test_per_split_file_gives_each_split_its_own_datasets_whole(tmp_path, folders):
+    """Bug: the trainer cuts a per-split file's datasets by data.split (valid would then see
+    a few percent of its file, train would train on part of the valid file's documents), or
+    refuses the default data.split beside it."""
+    code, docs = folders
+    (tmp_path / "splits.json").write_text(json.dumps({"train": f"0.5 {code} 0.5 {docs}",
+                                                      "valid": [docs]}))
+    cfg = tiny_config("", tmp_path / "run", data={"split": "969,30,1"})
+    cfg.data.per_split_data_args_path = str(tmp_path / "splits.json")
+    validate(cfg)  # data.split at its default: accepted, not used
+    splits = open_splits(data_source(cfg.data), 32, 40, None, cfg.data.split, 1234, {})
+    assert set(splits) == {"train", "valid"}
+    whole = build_sample_datasets(data_args(docs), IndexRequest(
+        seq_length=32, train_samples=None, split="1")).splits["train"]
+    assert len(splits["valid"]) == len(whole)  # the whole file, one epoch
+    assert splits["train"].samples.names == ["code/toy", "docs/toy"]
