@@ -90,3 +90,16 @@ def test_reset_position_ids_alone_is_refused(tmp_path, make_config):
         Trainer(cfg, log=lambda line: None)
     cfg.data.reset_attention_mask = True  # together: the same as reset_attention_mask alone
     assert Trainer(cfg, log=lambda line: None).runner.documents.reset_attention_mask
+
+
+@pytest.mark.parametrize("override, key", [
+    ("--reset-attention-mask=true", "data.reset_attention_mask"),
+    ("--eod-mask-loss=true", "data.eod_mask_loss"),
+    ("train.reset_attention_mask=true", "data.reset_attention_mask")])
+def test_megatron_spellings_are_answered_with_our_key(override, key):
+    """Bug: a Megatron user's flag (dashes, or the key under another section) gets a bare
+    "unknown config key" with no pointer to the setting that does what they asked."""
+    from bloomline.trainer.config import load_trainer_config
+
+    with pytest.raises(UserError, match=f"did you mean {key}"):
+        load_trainer_config(None, [override])
