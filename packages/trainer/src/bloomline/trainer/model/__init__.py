@@ -1,8 +1,9 @@
 """The model: architecture only (no parallelism, no precision policy, no kernels).
 
 ``gpt.py`` (the GPT and its blocks), ``attention.py``, ``position.py`` (the position-encoding
-seam) and ``alibi.py`` (the encoding BLOOM uses), ``layers.py``, ``loss.py`` (the fused LM
-head + cross-entropy), ``config.py``. Faster kernels for its ops live in
+seam) and ``alibi.py`` (the encoding BLOOM uses), ``documents.py`` (attention within each
+document of a packed sample), ``layers.py``, ``loss.py`` (the fused LM head + cross-entropy),
+``config.py``. Faster kernels for its ops live in
 ``bloomline.trainer.kernels`` and are imported by their entry points.
 """
 

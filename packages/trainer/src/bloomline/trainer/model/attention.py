@@ -19,7 +19,9 @@ Kernels (``ModelConfig.attention``; ``auto`` picks eager on CPU and flex on CUDA
   On CPU without dropout the core is one hand-written autograd node
   (``kernels/cpu/attention_core.py``: fewer layout copies, no subnormal fp32 probabilities).
 They agree within bf16/fp32 tolerance (tests/model/test_alibi_attention.py). Positions come from
-``model/position.py`` (ALiBi). Measurements: docs/perf/cpu-kernels.md.
+``model/position.py`` (ALiBi). Packed samples whose documents must not see each other take a
+per-sample bias (eager, sdpa) or BlockMask (flex) from ``model/documents.py``.
+Measurements: docs/perf/cpu-kernels.md.
 """
 
 from __future__ import annotations
