@@ -5,7 +5,9 @@ same, each dataset goes on with its own order, and a later resume keeps the list
 One module run of three sessions in this process (48 samples, 4 per step): 3 steps with
 weights a=0.5 b=0.5, 3 steps resumed with a=0.2 b=0.8 (a new phase at sample 12), then the
 rest resumed with the same a=0.2 b=0.8 (no change). Each micro-batch's sample ids and tokens
-are recorded where the loop takes them (``StepBatches.next_step``).
+are recorded where the loop takes them (``StepBatches.next_step``). Dataset a is small: the
+first weights draw 2 epochs of it, the new ones would draw 1 (another order of it), so the
+run keeps its index (``dataprep.kept_indices``).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from bloomline.trainer.blend_phases import reordered_datasets
 from bloomline.trainer.config_rules import validate
 from bloomline.trainer.data import loader, open_splits
 from bloomline.trainer.loop import Trainer
+from bloomline.trainer.train_state import TrainState
 
 FIRST, NEXT = {"a": 0.5, "b": 0.5}, {"a": 0.2, "b": 0.8}
 SAMPLES, RESUMED_AT = 48, 12
@@ -30,14 +33,15 @@ SAMPLES, RESUMED_AT = 48, 12
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> str:
-    """Two datasets of ramps, each well over one epoch of what the run draws from it (a
-    phase that needs another epoch of a dataset reshuffles its order: the README says so)."""
+    """Two datasets of ramps: a of 12 documents (24 train samples an epoch: the first
+    weights' 25 samples of it take 2 epochs, the resumed phases' 15 alone one), b of 80 (one
+    epoch)."""
     folder = tmp_path_factory.mktemp("phases") / "corpus"
     folder.mkdir()
-    for seed, name in enumerate("ab"):
+    for seed, (name, count) in enumerate((("a", 12), ("b", 80))):
         rng = np.random.default_rng(seed)
         writer = IndexedDatasetWriter(folder / name, np.uint16)
-        for _ in range(80):
+        for _ in range(count):
             length = int(rng.integers(20, 120))
             tokens = (int(rng.integers(0, 95)) + np.arange(length)) % 95
             writer.add_document(np.append(tokens, 95).astype(np.uint16))
@@ -87,18 +91,14 @@ def test_new_weights_on_resume_are_a_phase_and_the_past_stays(corpus, sessions):
     the change said nowhere."""
     first, second, third = sessions["logs"]
     assert first["ids"] + second["ids"] + third["ids"] == list(range(SAMPLES))
-    phases = [[0, FIRST], [RESUMED_AT, NEXT]]
     resumed = [line for line in second["lines"] if line.startswith("data: resumed")]
     assert resumed == ["data: resumed at sample 12 with other blend weights than the "
                        "checkpoint's; blend phases now 0: a=0.5 b=0.5; 12: a=0.2 b=0.8 (the "
                        "samples before 12 unchanged)"], second["lines"]
     assert "step 4: blend phase 1 begins at sample 12: a=0.2 b=0.8" in second["lines"]
-    assert not any(line.startswith("warning: data") for line in second["lines"])  # 1 epoch
+    assert not any(line.startswith("warning: data") for line in second["lines"])  # kept
     # the uninterrupted start (one phase) and the run's final index agree on the past
-    cfg = _config(corpus, sessions["run_dir"], FIRST, 0)
-    args = (corpus, cfg.data.seq_length, SAMPLES, None, cfg.data.split, cfg.data.seed)
-    plain = open_splits(*args, FIRST)["train"]
-    phased = open_splits(*args, FIRST, phases=phases)["train"]
+    plain, phased = _indices(corpus, sessions)
     past = list(range(RESUMED_AT))
     np.testing.assert_array_equal(first["tokens"], plain.samples.get_batch(past))
     np.testing.assert_array_equal(first["tokens"], phased.samples.get_batch(past))
@@ -113,6 +113,48 @@ def test_new_weights_on_resume_are_a_phase_and_the_past_stays(corpus, sessions):
     for number in range(2):
         served = own[which == number]
         np.testing.assert_array_equal(served, np.arange(len(served)))
+
+
+def _indices(corpus, sessions) -> tuple:
+    """The train samples of the first session's index (one phase) and of the run's final
+    one (its phases, its recorded index sizes kept)."""
+    cfg = _config(corpus, sessions["run_dir"], FIRST, 0)
+    args = (corpus, cfg.data.seq_length, SAMPLES, None, cfg.data.split, cfg.data.seed, FIRST)
+    final = sessions["states"]["step_00000012"]
+    return (open_splits(*args)["train"],
+            open_splits(*args, phases=final["data_phases"],
+                        kept_sizes=final["data_index_samples"])["train"])
+
+
+@pytest.mark.slow  # the module's three training sessions
+def test_a_dataset_the_new_weights_draw_less_of_goes_on_in_its_order(corpus, sessions):
+    """Bug: a resume that lowers a dataset's weight sizing its index anew for the smaller
+    draw: another number of epochs, so Megatron's order of it is reshuffled and the samples
+    after the resume repeat some it trained and skip others; or the index sizes not recorded
+    (a later resume could not keep them)."""
+    states = sessions["states"]
+    for name in ("step_00000003", "step_00000006", "step_00000012"):
+        assert states[name]["data_index_samples"] == {"a": 25, "b": 25}, name
+    plain, phased = _indices(corpus, sessions)
+    first = plain.samples.datasets[0]
+    # not vacuous: the new phases alone size a's index for 1 epoch, the run's has 2
+    cfg = _config(corpus, sessions["run_dir"], FIRST, 0)
+    alone = open_splits(corpus, cfg.data.seq_length, SAMPLES, None, cfg.data.split,
+                        cfg.data.seed, FIRST,
+                        phases=states["step_00000012"]["data_phases"])["train"]
+    assert alone.index_samples == {"a": 15, "b": 36}
+    shapes = [(ds.index.num_epochs, ds.index.separate_last_epoch)
+              for ds in (first, alone.samples.datasets[0])]
+    assert shapes == [(2, True), (1, False)], shapes
+    # what the run trained of each dataset, in order: that dataset's own order from its
+    # first sample, across the resume (no repeat, no gap)
+    trained = np.concatenate([log["tokens"] for log in sessions["logs"]])
+    which = np.asarray(phased.samples.dataset_index)[:SAMPLES]
+    for number, dataset in enumerate(plain.samples.datasets):
+        own = trained[which == number]
+        expected = np.stack([dataset[i] for i in range(len(own))])
+        np.testing.assert_array_equal(own, expected)
+    assert any(line.startswith("data: resumed") for line in sessions["logs"][1]["lines"])
 
 
 @pytest.mark.slow  # the module's three training sessions
@@ -169,15 +211,30 @@ def test_unknown_dataset_in_a_phase_names_the_key(corpus):
         str(refused.value)
 
 
-def test_a_phase_that_changes_a_datasets_epochs_is_named(corpus):
-    """Bug: new phases that draw another number of epochs of a dataset (its whole order
-    reshuffled by megatron-core's rule, so samples repeat or are skipped after the resume)
-    going unsaid."""
+def test_a_phase_that_needs_more_than_an_index_holds_is_named(corpus):
+    """Bug: new phases that need more of a dataset than its index holds (its index built
+    anew for another number of epochs: its order reshuffled by megatron-core's rule, so
+    samples repeat or are skipped after the resume) going unsaid, or a dataset whose index
+    was kept named."""
     args = (corpus, 32, 400, None, "90,10,0", 1234, FIRST)
-    before = open_splits(*args, phases=[[0, FIRST]])["train"].samples
-    after = open_splits(*args, phases=[[0, FIRST], [12, {"a": 1.0, "b": 0.0}]])["train"]
-    lines = reordered_datasets(before, after.samples, 12)
-    assert [line.split(": its")[0] for line in lines] == [
-        "warning: data: the new blend phases draw 3 epoch(s) of 'a' where the checkpoint's "
-        "drew 2", "warning: data: the new blend phases draw 1 epoch(s) of 'b' where the "
-        "checkpoint's drew 2"], lines
+    before = open_splits(*args, phases=[[0, FIRST]])["train"]
+    after = open_splits(*args, phases=[[0, FIRST], [12, {"a": 1.0, "b": 0.0}]],
+                        kept_sizes=before.index_samples)["train"]
+    assert after.index_samples["b"] == before.index_samples["b"]
+    lines = reordered_datasets(before.samples, after.samples, 12)
+    assert [line.split("; built")[0] for line in lines] == [
+        "warning: data: the new blend phases draw more of 'a' than its index holds (218 "
+        "samples, 9 epoch(s))"], lines
+
+
+@pytest.mark.parametrize("sizes", [{"a": 0}, {"a": "25"}, [25], {"a": True}])
+def test_bad_index_sizes_in_a_checkpoint(sizes):
+    """Bug: a trainer state whose index sizes are no sample counts accepted (a resume would
+    keep an index of 0 samples or fail deep in the build), or a checkpoint that predates
+    them not loading (they default to none: the phases alone size the indices)."""
+    state = TrainState()
+    state.load_state_dict({"step": 3, "data_phases": [[0, FIRST]]})
+    assert state.data_index_samples == {}
+    with pytest.raises(UserError, match="data_index_samples: must be an object of sample "
+                                        "counts >= 1 by dataset name"):
+        state.load_state_dict({"step": 3, "data_index_samples": sizes})

@@ -20,7 +20,9 @@ each dataset, which is what evaluation on "the whole valid split" means. A datas
 is left out (nothing is built or read for it; the report names it), for every front end alike.
 
 ``phases`` change the train blend's weights at given sample positions, in the one index
-(``blend_phases``: the rule, sizes and why valid and test keep the first phase's weights).
+(``blend_phases``: the rule, sizes and why valid and test keep the first phase's weights);
+``kept_sizes`` keep a train dataset's index (and so its order) while it holds what the
+phases draw (``kept_indices``: a resume with other weights).
 
 Every array's size follows from counts alone (``gpt_index.index_shape``), so the whole request
 is sized before anything is built: one too large for the machine's memory, or for the cache
@@ -33,6 +35,7 @@ import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -70,6 +73,7 @@ from bloomline.dataprep.gpt_samples import GPTSampleDataset
 from bloomline.dataprep.index_cache import CacheEntry, cached_arrays, entry_key, file_identity
 from bloomline.dataprep.index_checks import blend_index_check, check_index_cache, gpt_index_check
 from bloomline.dataprep.indexed_dataset import IndexedDataset
+from bloomline.dataprep.kept_indices import kept_size
 from bloomline.dataprep.setting_names import setting_error
 
 __all__ = [
@@ -108,6 +112,8 @@ class IndexRequest:
     add_extra_token: bool = True
     # the train blend's later phases (weights from a sample on; ``weights`` is the first)
     phases: tuple[BlendPhase, ...] = ()
+    # (name, num_samples) the train split's indices keep while they suffice (kept_indices)
+    kept_sizes: tuple[tuple[str, int], ...] = ()
 
     def samples(self, split: str) -> int | None:
         return {"train": self.train_samples, "valid": self.valid_samples,
@@ -360,14 +366,17 @@ def _plan_split(split: str, ranges: dict[str, range], datasets: dict[str, Indexe
         per_dataset = [None] * len(names)  # one epoch each
     else:
         per_dataset = [requested]
+    kept = dict(request.kept_sizes) if split == "train" else {}
     gpt = {}
-    for name, num_samples in zip(names, per_dataset, strict=True):
+    for name, needed in zip(names, per_dataset, strict=True):
         dataset, sequences = datasets[name], ranges[name]
         lengths = dataset.sequence_lengths
-        shape = index_shape(
-            int(lengths[sequences.start : sequences.stop].sum(dtype=np.int64)),
+        shape_of = partial(
+            index_shape, int(lengths[sequences.start : sequences.stop].sum(dtype=np.int64)),
             len(sequences), max(sequences.stop - 1, 0), int(lengths.max(initial=0)),
-            request.seq_length, num_samples, request.add_extra_token)
+            request.seq_length, add_extra_token=request.add_extra_token)
+        num_samples = kept_size(kept.get(name), needed, shape_of)
+        shape = shape_of(num_samples)
         description = {
             "kind": "gpt", "idx": identities[name],
             "bin_bytes": dataset.bin_path.stat().st_size, "split": split,

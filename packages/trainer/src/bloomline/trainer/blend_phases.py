@@ -11,7 +11,10 @@ phase in force at ``consumed`` (starting there) and its later ones. Where the co
 what the checkpoint's list already says from ``consumed`` on, the list is kept as it is, so a
 resume without a change reproduces it; changed weights become a new phase at ``consumed``.
 Positions before a phase start do not depend on later phases, so the samples already trained
-stay the same and each dataset goes on with its own order.
+stay the same and each dataset goes on with its own order: its index keeps the sample count
+the checkpoint recorded (``TrainState.data_index_samples``) while that holds what the new
+phases draw from it (``dataprep.kept_indices``); one they need more of is built anew, and
+reshuffled, with a warning (``reordered_datasets``).
 """
 
 from __future__ import annotations
@@ -123,24 +126,26 @@ def _same(a: Phases, b: Phases) -> bool:
 
 def reordered_datasets(before, after, consumed: int) -> list[str]:
     """A warning line for each dataset whose train sample order differs between the index
-    of the checkpoint's phases (``before``) and of the new ones (``after``): a dataset's
-    order is a function of its number of epochs (megatron-core shuffles the documents of all
-    epochs together), so new phases that draw another number of its epochs reshuffle it
-    from its first sample. Both are a train split's samples (a blend: ``.names``,
-    ``.datasets`` with their ``.index``)."""
+    of the checkpoint's phases (``before``) and of the new ones (``after``). A resume keeps
+    each dataset's index while it holds what the new phases draw (``dataprep.kept_indices``),
+    so this is a dataset they need more of: its index is built anew, and megatron-core's
+    order of a dataset is a function of its number of epochs (it shuffles the documents of
+    all epochs together), so another number of them reshuffles it from its first sample.
+    Both are a train split's samples (a blend: ``.names``, ``.datasets`` with their
+    ``.index``)."""
     if not hasattr(before, "names") or not hasattr(after, "names"):
         return []
-    old = {name: component.index for name, component in zip(before.names, before.datasets,
-                                                             strict=True)}
+    old = dict(zip(before.names, before.datasets, strict=True))
     lines = []
     for name, component in zip(after.names, after.datasets, strict=True):
         index, previous = component.index, old.get(name)
         if previous is None or (index.num_epochs, index.separate_last_epoch) == (
-                previous.num_epochs, previous.separate_last_epoch):
+                previous.index.num_epochs, previous.index.separate_last_epoch):
             continue
-        lines.append(f"warning: data: the new blend phases draw {index.num_epochs} epoch(s) "
-                     f"of {name!r} where the checkpoint's drew {previous.num_epochs}: its "
-                     "sample order is reshuffled, so after sample "
-                     f"{consumed:,} some of its samples may come again and others never "
-                     "(keep its total draw within as many epochs as before to keep its order)")
+        lines.append(f"warning: data: the new blend phases draw more of {name!r} than its "
+                     f"index holds ({len(previous):,} samples, {previous.index.num_epochs} "
+                     f"epoch(s)); built anew for {index.num_epochs} epoch(s), its sample "
+                     f"order is reshuffled, so after sample {consumed:,} some of its samples "
+                     "may come again and others never (keep its total draw within what its "
+                     "index holds to keep its order)")
     return lines

@@ -221,12 +221,8 @@ class Trainer:
         resumed = self.resume()  # first: the checkpoint's blend phases shape the index
         check_start_point(self.run_dir, cfg.checkpoint.resume, resumed, self.state.step)
         self._settle_phases(resumed is not None)
-        splits = self._open_splits(self.state.data_phases)
+        splits = self._open_run_splits()
         train = splits["train"]
-        if self._phases_before:  # a resume changed the phases: a dataset's order with them?
-            before = self._open_splits(self._phases_before)["train"].samples
-            for line in reordered_datasets(before, train.samples, self.state.consumed_samples):
-                self.log(line)
         if len(train) < cfg.train.train_samples:
             raise UserError(f"data: the train split serves {len(train)} samples, fewer than "
                             f"train.train_samples {cfg.train.train_samples}")
@@ -276,12 +272,32 @@ class Trainer:
         self._phases_before = self.state.data_phases if note else None
         self.state.data_phases = phases
 
-    def _open_splits(self, phases: list) -> dict:
+    def _open_run_splits(self) -> dict:
+        """The run's splits in its blend phases, each train dataset's index kept at the count
+        the checkpoint recorded while it suffices (``dataprep.kept_indices``: its order goes
+        on); a warning for each dataset a resume's new phases reshuffle all the same; the
+        counts used into the state its checkpoints save."""
+        state = self.state
+        kept = state.data_index_samples if state.data_phases else {}
+        before = None
+        if self._phases_before:  # a resume changed the phases
+            before = self._open_splits(self._phases_before, kept)["train"]
+            kept = kept or before.index_samples  # a checkpoint that predates the counts
+        splits = self._open_splits(state.data_phases, kept)
+        train = splits["train"]
+        if before is not None:
+            for line in reordered_datasets(before.samples, train.samples,
+                                           state.consumed_samples):
+                self.log(line)
+        state.data_index_samples = dict(train.index_samples) if state.data_phases else {}
+        return splits
+
+    def _open_splits(self, phases: list, kept_sizes: dict[str, int]) -> dict:
         """The run's train and valid samples, the train blend in ``phases``."""
         cfg = self.cfg
         return open_splits(data_source(cfg.data), cfg.data.seq_length, cfg.train.train_samples,
                            None, cfg.data.split, cfg.data.seed, cfg.data.weights,
-                           cfg.data.cache_dir, phases=phases)
+                           cfg.data.cache_dir, phases=phases, kept_sizes=kept_sizes)
 
     def _open_batches(self, train) -> StepBatches:
         """The micro-batches from the current position (a rollback's new one: the old
@@ -337,6 +353,7 @@ class Trainer:
             if loaded is not None:
                 self.state, self.skips = loaded.state, loaded.skips
                 self.state.data_phases = state.data_phases  # the run's, not the checkpoint's
+                self.state.data_index_samples = state.data_index_samples
                 steps_total = self.total_steps()
                 if self.state.step >= steps_total:
                     raise UserError(

@@ -57,7 +57,10 @@ class TrainState:
     ``skip_samples`` (the ranges of train positions never trained on, in force),
     ``loss_scale`` (the fp16 scaler's state) and ``spike_history`` (the spike detector's
     baseline), ``data_phases`` (the blend phases the run trains with, ``[[start,
-    {name: weight}], ...]``, empty without weights: ``blend_phases.py``).
+    {name: weight}], ...]``, empty without weights: ``blend_phases.py``),
+    ``data_index_samples`` (with phases: the sample count each dataset's train index was built
+    for, by name, which a resume with other weights keeps while it suffices:
+    ``dataprep.kept_indices``).
     ``stopped``: why this process stopped early (a signal, the wall clock), empty
     while it runs; not saved."""
 
@@ -71,6 +74,7 @@ class TrainState:
     loss_scale: dict = field(default_factory=dict)
     spike_history: dict = field(default_factory=dict)
     data_phases: list = field(default_factory=list)
+    data_index_samples: dict[str, int] = field(default_factory=dict)
     stopped: str = ""
 
     _UNSAVED = ("stopped",)
@@ -99,6 +103,7 @@ class TrainState:
             if not isinstance(state.get(name, {}), dict):
                 problems.append(f"{name} {state[name]!r}: must be a JSON object")
         problems += _phase_problems(state.get("data_phases", []))
+        problems += _index_size_problems(state.get("data_index_samples", {}))
         for key, value in state.get("loss_scale", {}).items() if not problems else ():
             if not _finite(value) or (key == "scale" and value <= 0):
                 problems.append(f"loss_scale.{key} {value!r}: must be a finite number"
@@ -165,6 +170,14 @@ def _phase_problems(phases) -> list[str]:
                 and all(_finite(w) and w >= 0 for w in phase[1].values())):
             return [shape]
         previous = phase[0]
+    return []
+
+
+def _index_size_problems(sizes) -> list[str]:
+    """Why ``sizes`` is not an object of sample counts >= 1 by dataset name (empty when it
+    is)."""
+    if not (isinstance(sizes, dict) and all(_count(n) and n >= 1 for n in sizes.values())):
+        return ["data_index_samples: must be an object of sample counts >= 1 by dataset name"]
     return []
 
 

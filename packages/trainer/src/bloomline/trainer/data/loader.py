@@ -46,6 +46,8 @@ class TokenSamples(Dataset):
     def __init__(self, samples, seq_length: int) -> None:
         self.samples = samples
         self.seq_length = seq_length
+        # the train split's: each dataset's index sample count (TrainState.data_index_samples)
+        self.index_samples: dict[str, int] = {}
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -132,11 +134,13 @@ class MegatronSampler(Sampler[list[int]]):
 
 def open_splits(corpus: str, seq_length: int, train_samples: int, valid_samples: int | None,
                 split: str, seed: int, weights: dict[str, float] | None,
-                cache_dir: str | None = None, phases: list | None = None
-                ) -> dict[str, TokenSamples]:
+                cache_dir: str | None = None, phases: list | None = None,
+                kept_sizes: dict[str, int] | None = None) -> dict[str, TokenSamples]:
     """The train (and valid, when the split has one) samples, building the index if missing
     (one process builds under a file lock; the others wait and map it). ``phases``: the
-    run's blend phases (``blend_phases.py``), in place of ``weights`` when given."""
+    run's blend phases (``blend_phases.py``), in place of ``weights`` when given;
+    ``kept_sizes``: the train indices' sample counts to keep while they suffice
+    (``dataprep.kept_indices``; the train samples' ``index_samples`` say the counts used)."""
     if not corpus:
         raise UserError("data.corpus: not set; give the folder of NAME.bin/.idx files "
                         "(made by dataprep tokenize), or their prefixes with data.data_path")
@@ -146,13 +150,19 @@ def open_splits(corpus: str, seq_length: int, train_samples: int, valid_samples:
     if phases:
         first, later = phase_requests(phases)
         request = replace(request, weights=first, phases=later)
+    if kept_sizes:
+        request = replace(request, kept_sizes=tuple(kept_sizes.items()))
     try:
         built = build_sample_datasets(corpus, request, cache_dir=cache_dir or None)
     except SettingError as err:  # dataprep's settings, worded as the trainer's keys
         raise err.named(DATAPREP_KEYS) from None
     if "train" not in built.splits:
         raise UserError(f"data.split {split!r}: gives the train split no documents")
-    return {name: TokenSamples(ds, seq_length) for name, ds in built.splits.items()}
+    splits = {name: TokenSamples(ds, seq_length) for name, ds in built.splits.items()}
+    rows = built.report["splits"]["train"]["datasets"]
+    splits["train"].index_samples = {name: row["requested"] for name, row in rows.items()
+                                     if row["requested"] is not None}
+    return splits
 
 
 def make_loader(samples: TokenSamples, sampler: MegatronSampler, num_workers: int,
