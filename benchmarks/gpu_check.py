@@ -169,7 +169,7 @@ def _run_check(letter: str, args: argparse.Namespace, target: Target) -> list[Ro
         from benchmarks.gpu_checks.attention_check import check_flex_attention
         if dry:  # flex has no CPU backward; bf16 autocast on CPU is not what a GPU runs
             return check_flex_attention("cpu", (64,), cases=((8, 4, 4),), backward=False,
-                                        bf16=False, batch=1)
+                                        bf16=False, batch=1, document_cases=())
         return check_flex_attention("cuda", (256,) if args.quick else (256, 1024),
                                     budget_s=budget)
     if letter == "b":

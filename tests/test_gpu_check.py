@@ -275,7 +275,7 @@ def test_flex_matches_eager_on_cpu_for_a_tensor_parallel_shard(monkeypatch):
 
     def run():
         return check_flex_attention("cpu", (64,), cases=((8, 4, 4),), backward=False,
-                                    bf16=False, batch=1)
+                                    bf16=False, batch=1, document_cases=())
 
     (row,) = run()
     assert row.status == PASS, row
@@ -285,6 +285,32 @@ def test_flex_matches_eager_on_cpu_for_a_tensor_parallel_shard(monkeypatch):
         return local(self, end - start, 0, end - start, device)
 
     monkeypatch.setattr(AlibiPositions, "score_mod", own_count)
+    (row,) = run()
+    assert row.status == FAIL, row
+
+
+@pytest.mark.compat
+def test_flex_with_documents_matches_eager_on_cpu_and_can_fail(monkeypatch):
+    """Catches: check a's packed-documents rows comparing what they do not say (the document
+    ids not reaching one kernel, so both run plain causal attention and agree) or unable to
+    fail: flex's per-sample BlockMask against eager's per-sample bias passes on CPU (forward),
+    and with flex's mask reduced to the causal one it fails."""
+    from benchmarks.gpu_checks import attention_check
+    from bloomline.trainer.model import attention as attention_module
+
+    def run():
+        return attention_check.check_flex_attention(
+            "cpu", (64,), cases=(), backward=False, bf16=False, batch=2)
+
+    (row,) = run()
+    assert row.status == PASS and row.name.startswith("flex-alibi-documents"), row
+    ids = attention_check.document_ids(2, 64, "cpu")
+    assert ids[0].max() == 3 and ids[1].max() == 1  # the layouts the check claims
+
+    def causal_only(ids):
+        return attention_module._causal_block_mask(ids.shape[1], str(ids.device))
+
+    monkeypatch.setattr(attention_module, "document_block_mask", causal_only)
     (row,) = run()
     assert row.status == FAIL, row
 
@@ -344,7 +370,7 @@ def test_check_a_skips_what_its_budget_leaves_no_time_for():
     from benchmarks.gpu_checks.attention_check import check_flex_attention
 
     rows = check_flex_attention("cpu", (32, 64), cases=((8, 4, 4), (8, 0, 8)), backward=False,
-                                bf16=False, batch=1, budget_s=0.0)
+                                bf16=False, batch=1, budget_s=0.0, document_cases=())
     assert rows[0].status == PASS  # the first case always runs
     assert [row.status for row in rows[1:]] == [SKIPPED] * 3
     assert "budget" in rows[1].detail

@@ -2,7 +2,7 @@
 one module each.
 
 - ``attention_check``: a. FlexAttention's ALiBi against the eager kernel, forward and backward,
-  fp32 and bf16, whole head ranges and tensor-parallel shards.
+  fp32 and bf16, whole head ranges and tensor-parallel shards, and on packed documents.
 - ``step_check``: b. a short bf16 run of ``configs/350m.toml`` on one GPU.
 - ``equivalence_check``: c. dp2 and tp2 over NCCL against one GPU, loss per step.
 - ``throughput_check``: d. ``gpu_throughput.sh`` with ``trainer plan``'s prediction beside it.
