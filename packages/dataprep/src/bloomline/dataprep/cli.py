@@ -16,6 +16,7 @@ from bloomline.dataprep.build_index import (
     format_report,
     parse_weights,
 )
+from bloomline.dataprep.cli_app import command_line_app
 from bloomline.dataprep.data_args import choose_source, expand_data_path_argv
 from bloomline.dataprep.data_args_build import build_sample_datasets
 from bloomline.dataprep.demo_corpus import write_demo_corpus
@@ -26,10 +27,9 @@ from bloomline.dataprep.tokenize_corpus import output_prefix, output_prefixes, t
 from bloomline.dataprep.tokenizer import TOKENIZER_SPEC_HELP
 from bloomline.dataprep.tokenizer import train_tokenizer as train
 
-app = typer.Typer(
+app = command_line_app(
+    "dataprep", "bloomline-dataprep",
     help="bloomline dataprep: raw corpora to Megatron-compatible token files.",
-    no_args_is_help=True,
-    add_completion=False,
     pretty_exceptions_enable=False,
 )
 

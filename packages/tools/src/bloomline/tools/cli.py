@@ -16,6 +16,7 @@ import typer
 from bloomline.common.errors import UserError, exit_on_user_error
 from bloomline.common.output_lock import output_lock
 from bloomline.dataprep import DataArgs, IndexRequest, build_sample_datasets
+from bloomline.dataprep.cli_app import command_line_app
 from bloomline.dataprep.data_args import expand_data_path_argv
 from bloomline.dataprep.tokenizer import TOKENIZER_SPEC_HELP
 from bloomline.tools.blend_report import format_blend, summarize_blend
@@ -29,10 +30,9 @@ from bloomline.tools.token_stats import count_tokens, format_token_stats
 from bloomline.tools.verify import format_verify, verify_corpus
 from bloomline.tools.vocab import Vocabulary
 
-app = typer.Typer(
+app = command_line_app(
+    "inspect-data", "bloomline-tools",
     help="Offline, read-only inspection of .bin/.idx corpora and their sample orders.",
-    no_args_is_help=True,
-    add_completion=False,
     pretty_exceptions_enable=False,
 )
 

@@ -16,10 +16,11 @@ import typer
 
 from bloomline.common.errors import UserError, exit_on_user_error
 from bloomline.common.stop_signals import StoppedError, StopSignals, Terminated
+from bloomline.dataprep.cli_app import command_line_app
 from bloomline.dataprep.tokenizer import TOKENIZER_SPEC_HELP
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
-                  help="Train the BLOOM-recipe GPT on samples prepared by dataprep.")
+app = command_line_app("trainer", "bloomline-trainer",
+                       help="Train the BLOOM-recipe GPT on samples prepared by dataprep.")
 
 
 @app.command("pretrain", context_settings={"allow_extra_args": True,
@@ -40,8 +41,8 @@ def pretrain(
                                      "newest checkpoint, up to this many times (torchrun's "
                                      "--max-restarts); without --nproc: one process."),
 ) -> None:
-    """Train. Extra arguments override the recipe: section.key=value (e.g.
-    train.train_samples=2000 optimizer.lr=1e-3)."""
+    """Train a model from a recipe. Extra arguments override the recipe: section.key=value
+    (e.g. train.train_samples=2000 optimizer.lr=1e-3)."""
     overrides = list(ctx.args)
     if not nproc and (nnodes != 1 or rdzv_endpoint):
         raise UserError("--nnodes and --rdzv-endpoint go with --nproc (processes per node)")
