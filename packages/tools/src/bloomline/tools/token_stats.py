@@ -42,7 +42,8 @@ def count_tokens(prefix: str | os.PathLike, vocab: Vocabulary, top: int = 20) ->
     histogram = token_histogram(prefix, vocab)
     total = int(histogram.sum())
     order = np.argsort(-histogram, kind="stable")[: max(0, top)]
-    top_rows = [{"id": int(i), "piece": vocab.piece(int(i)), "count": int(histogram[i]),
+    top_rows = [{"id": int(i), "piece": vocab.piece(int(i)), "text": vocab.piece_text(int(i)),
+                 "count": int(histogram[i]),
                  "share": float(histogram[i] / total) if total else 0.0}
                 for i in order.tolist() if histogram[i]]
     unused = histogram == 0
@@ -72,8 +73,9 @@ def format_token_stats(result: dict) -> str:
         f"never used: {result['unused_ids']:,} ids ({result['unused_share']:.1%} of the "
         "vocabulary)",
     ]
-    rows = [["rank", "id", "piece", "count", "share"]]
+    # the piece as the vocabulary spells it, and as text (byte-level BPE spells a space Ġ)
+    rows = [["rank", "id", "piece", "text", "count", "share"]]
     for rank, row in enumerate(result["top"], start=1):
-        rows.append([str(rank), str(row["id"]), repr(row["piece"]), f"{row['count']:,}",
-                     f"{row['share']:.3%}"])
+        rows.append([str(rank), str(row["id"]), repr(row["piece"]), repr(row["text"]),
+                     f"{row['count']:,}", f"{row['share']:.3%}"])
     return "\n".join(lines + format_table(rows))

@@ -9,13 +9,25 @@ as boolean arrays that numpy can index with a whole token array at once.
 from __future__ import annotations
 
 import os
+import re
 
 import numpy as np
 
 from bloomline.common.errors import UserError
 from bloomline.dataprep.tokenizer import load_tokenizer
 
-__all__ = ["Vocabulary"]
+__all__ = ["Vocabulary", "readable_bytes"]
+
+# bytes that are no whole UTF-8 character, as surrogateescape leaves them: U+DC80..U+DCFF
+_LONE_BYTES = re.compile("[\udc80-\udcff]+")
+
+
+def readable_bytes(data: bytes) -> str:
+    """UTF-8 text, with the bytes that form no whole character (a byte-level piece may end
+    inside one) written ``<e7 9a>``: ``b" \\xe7\\x9a"`` -> ``" <e7 9a>"``."""
+    text = data.decode("utf-8", errors="surrogateescape")
+    return _LONE_BYTES.sub(
+        lambda run: "<" + " ".join(f"{ord(c) - 0xDC00:02x}" for c in run.group()) + ">", text)
 
 
 class Vocabulary:
@@ -45,6 +57,14 @@ class Vocabulary:
     def piece(self, token_id: int) -> str:
         """The piece (string) of one id."""
         return self.tokenizer.id_to_piece(token_id)
+
+    def piece_text(self, token_id: int) -> str:
+        """What one id reads as (``Ġthe`` -> ``" the"``, ``çļĦ`` -> ``"的"``, a byte piece
+        or part of a character -> ``"<e7 9a>"``); a control token as ``⟦</s>⟧``."""
+        if self.is_control[token_id]:
+            return f"⟦{self.piece(token_id)}⟧"
+        spelled = self.tokenizer.token_bytes(token_id)
+        return "" if spelled is None else readable_bytes(spelled)
 
     def check_ids(self, ids: np.ndarray, where: str) -> None:
         """Refuse ids this vocabulary cannot decode (wrong ``--tokenizer`` for the file).

@@ -23,6 +23,7 @@ under "recognising a kind", read by :mod:`.loading`) and how it becomes a Huggin
 from __future__ import annotations
 
 import hashlib
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 
@@ -32,6 +33,11 @@ from bloomline.common.errors import UserError
 from bloomline.dataprep.indexed_dataset import token_dtype_for_vocab
 
 __all__ = ["MAX_TOKEN_ID", "Tokenizer"]
+
+# how byte-fallback pieces are spelled (SentencePiece's, Llama 2's tokenizer.json): <0xE7>
+_BYTE_PIECE = re.compile(r"<0x([0-9A-F]{2})>")
+# SentencePiece's (and Metaspace's) sign for a space
+_SPACE_SIGN = "\u2581"
 
 # The largest id a token file holds: ``.bin`` files of a large vocabulary are int32 (Megatron's
 # format). A tokenizer with a larger id would have it wrapped into another token's id.
@@ -99,6 +105,17 @@ class Tokenizer(ABC):
     @abstractmethod
     def _vocabulary_entries(self) -> Iterable[bytes]:
         """Every id's entry in id order, as bytes: what the fingerprint hashes."""
+
+    def token_bytes(self, token_id: int) -> bytes | None:
+        """The text one id stands for, as bytes: ``▁the`` -> ``b" the"``, a byte piece
+        ``<0xE7>`` -> ``b"\\xe7"``, a byte-level ``çļĦ`` -> ``"的".encode()``; a piece may
+        hold part of a character only. For showing pieces as text: a control token gives
+        its spelling; None where the kind cannot say (an id no token has)."""
+        piece = self.id_to_piece(token_id)
+        byte = _BYTE_PIECE.fullmatch(piece)
+        if byte:
+            return bytes([int(byte.group(1), 16)])
+        return piece.replace(_SPACE_SIGN, " ").encode("utf-8") if piece else None
 
     def unassigned_ids(self) -> list[int]:
         """Ids below :attr:`vocab_size` that no token has (the gaps), in order: they decode to

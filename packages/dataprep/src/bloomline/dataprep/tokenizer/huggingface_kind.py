@@ -29,6 +29,7 @@ import numpy as np
 
 from bloomline.common.errors import UserError
 from bloomline.dataprep.tokenizer.base import MAX_TOKEN_ID, Tokenizer
+from bloomline.dataprep.tokenizer.byte_level import piece_bytes
 
 __all__ = ["HuggingFaceTokenizer", "WELL_KNOWN_TOKENS"]
 
@@ -80,6 +81,7 @@ class HuggingFaceTokenizer(Tokenizer):
                             f"({str(err).splitlines()[0][:200]})") from None
         self._tok.no_padding()
         self._tok.no_truncation()
+        self._byte_level: bool | None = None  # token_bytes reads it from the decoder
         # not get_vocab_size(): it counts entries, fewer than the id space when added tokens
         # sit above the base vocabulary with unused ids between (base.py's docstring)
         self._vocab_size = _largest_id(path, self._tok) + 1
@@ -143,6 +145,16 @@ class HuggingFaceTokenizer(Tokenizer):
     def id_to_piece(self, token_id: int) -> str:
         piece = self._tok.id_to_token(int(token_id))
         return "" if piece is None else piece
+
+    def token_bytes(self, token_id: int) -> bytes | None:
+        if self._byte_level is None:  # read once: a byte-level decoder spells every byte
+            decoder = self._tok.decoder
+            self._byte_level = decoder is not None and b'"ByteLevel"' in decoder.__getstate__()
+        if self._byte_level:
+            spelled = piece_bytes(self.id_to_piece(token_id))
+            if spelled is not None:
+                return spelled
+        return super().token_bytes(token_id)
 
     def control_ids(self) -> list[int]:
         special = [i for i, token in self._tok.get_added_tokens_decoder().items()

@@ -120,6 +120,12 @@ class TiktokenTokenizer(Tokenizer):
         except KeyError:
             return ""
 
+    def token_bytes(self, token_id: int) -> bytes | None:
+        try:
+            return self._encoding.decode_single_token_bytes(int(token_id))
+        except KeyError:
+            return None
+
     def control_ids(self) -> list[int]:
         return sorted(self._encoding.encode_single_token(token)
                       for token in self._encoding.special_tokens_set)
