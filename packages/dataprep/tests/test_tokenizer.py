@@ -51,7 +51,7 @@ def test_byte_bpe_refuses_a_vocabulary_the_text_cannot_fill(tmp_path, cli):
     src.write_text("".join(json.dumps({"text": f"the quick brown fox {i}"}) + "\n"
                            for i in range(50)))
     result = cli("train-tokenizer", src, "--kind", "byte-bpe", "--vocab-size", "5000",
-                 "--output", tmp_path / "bpe")
+                 "--output", tmp_path / "bpe", "--quiet")  # the error alone on stderr
     assert result.returncode == 1
     (line,) = result.stderr.strip().splitlines()
     yielded = int(re.search(r"yields only ([\d,]+) vocabulary", line).group(1).replace(",", ""))

@@ -18,6 +18,12 @@ Both refuse, writing nothing, when the text yields fewer entries than ``--vocab-
 (a byte-level BPE runs out of pairs to merge; SentencePiece refuses the same way): the line
 says how many it yields, so that the next run asks for what the text can give or adds text.
 
+``character_coverage`` (``--character-coverage``, SentencePiece only) is the share of the
+sample's characters that get a piece of their own, the rarest rest being spelled in byte pieces:
+0.98 to 1.0, 0.9999 unless given. :func:`train_tokenizer_run` also returns the sample and the
+times, which :mod:`.training_summary` turns into the command's summary (vocabulary, coverage,
+time); with ``show_progress`` the reading pass prints a progress line on stderr.
+
 Outputs: one run at a time per ``--output`` (``bloomline.common.output_lock``, held from the
 exists-check to the last rename). ``--overwrite`` replaces only this command's own output:
 the byte-bpe folder only when it holds ``tokenizer.json`` + ``tokenizer_config.json`` and
@@ -34,7 +40,9 @@ import json
 import os
 import random
 import re
+import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from bloomline.common.atomic import (
@@ -47,13 +55,18 @@ from bloomline.common.atomic import (
 )
 from bloomline.common.errors import UserError
 from bloomline.common.output_lock import output_lock
+from bloomline.common.progress import BYTES, Counter, Progress
 from bloomline.dataprep.documents import extract_documents
 from bloomline.dataprep.sources import expand_inputs, iter_chunks
 
-__all__ = ["SPECIAL_TOKENS", "TOKENIZER_KINDS", "train_tokenizer"]
+__all__ = ["DEFAULT_CHARACTER_COVERAGE", "SPECIAL_TOKENS", "TOKENIZER_KINDS", "TrainedTokenizer",
+           "train_tokenizer", "train_tokenizer_run"]
 
 SPECIAL_TOKENS = ("<unk>", "<s>", "</s>", "<pad>")
 TOKENIZER_KINDS = ("sentencepiece", "byte-bpe")
+DEFAULT_CHARACTER_COVERAGE = 0.9999
+# the values SentencePiece's trainer accepts
+_COVERAGE_RANGE = (0.98, 1.0)
 # SentencePiece skips training "sentences" longer than this many bytes; documents are split
 # into lines and long lines into pieces of at most this size so none is silently dropped.
 _MAX_SENTENCE_BYTES = 4192
@@ -70,19 +83,40 @@ _BYTE_BPE_FILES = ("tokenizer.json", "tokenizer_config.json")
 _SENTENCEPIECE_SIGNATURES = {".model": (b"\n",), ".vocab": (b"<unk>\t",)}
 
 
+@dataclass
+class TrainedTokenizer:
+    """What :func:`train_tokenizer_run` did: the output, the sample it learned from (the
+    training "sentences"), how many lines it read, and its times in seconds."""
+
+    path: Path
+    kind: str
+    model_type: str
+    character_coverage: float | None
+    sentences: list[str]
+    lines_read: int
+    seconds_reading: float
+    seconds_training: float
+
+
 def _training_sentences(inputs: list[str], keys: list[str], txt_per_line: bool,
-                        skip_bad_lines: bool) -> Iterator[str]:
-    for chunk in iter_chunks(expand_inputs(inputs), txt_per_line=txt_per_line):
+                        skip_bad_lines: bool, progress: Progress) -> Iterator[str]:
+    sources = expand_inputs(inputs)
+    progress.total = sum(s.work_bytes for s in sources) or None
+    for chunk in iter_chunks(sources, txt_per_line=txt_per_line):
         docs = extract_documents(chunk, keys, skip_bad_lines)
+        lines = text_bytes = 0
         for texts in docs.texts.values():
             for text in texts:
                 for line in text.split("\n"):
                     if not line.strip():
                         continue
                     raw = line.encode("utf-8")
+                    lines += 1
+                    text_bytes += len(raw)
                     for start in range(0, len(raw), _MAX_SENTENCE_BYTES):
                         piece = raw[start : start + _MAX_SENTENCE_BYTES]
                         yield piece.decode("utf-8", errors="ignore")
+        progress.update(source_bytes=chunk.source_bytes, lines=lines, text_bytes=text_bytes)
 
 
 def _reservoir(items: Iterator[str], size: int, seed: int) -> list[str]:
@@ -99,7 +133,19 @@ def _reservoir(items: Iterator[str], size: int, seed: int) -> list[str]:
     return sample
 
 
-def train_tokenizer(
+def train_tokenizer(inputs: list[str], output: str | os.PathLike, vocab_size: int,
+                    **options) -> Path:
+    """Train a tokenizer (see the module docstring) on a sample of the inputs; ``options``
+    are :func:`train_tokenizer_run`'s.
+
+    Returns:
+        What ``--tokenizer`` takes: ``OUTPUT.model`` (sentencepiece) or the folder ``OUTPUT``
+        (byte-bpe).
+    """
+    return train_tokenizer_run(inputs, output, vocab_size, **options).path
+
+
+def train_tokenizer_run(
     inputs: list[str],
     output: str | os.PathLike,
     vocab_size: int,
@@ -107,45 +153,77 @@ def train_tokenizer(
     model_type: str = "bpe",
     keys: tuple[str, ...] = ("text",),
     max_sentences: int = 1_000_000,
-    character_coverage: float = 0.9999,
+    character_coverage: float | None = None,
     txt_per_line: bool = False,
     skip_bad_lines: bool = False,
     seed: int = 0,
     num_threads: int | None = None,
     overwrite: bool = False,
-) -> Path:
+    show_progress: bool = False,
+) -> TrainedTokenizer:
     """Train a tokenizer of ``kind`` (see the module docstring) on a sample of the inputs.
 
-    Returns:
-        What ``--tokenizer`` takes: ``OUTPUT.model`` (sentencepiece) or the folder ``OUTPUT``
-        (byte-bpe).
-
     Raises:
-        UserError: an unknown kind, a vocabulary too small, outputs that exist without
-            ``overwrite``, no text, or the trainer refusing (one line).
+        UserError: an unknown kind, a vocabulary too small, a character coverage out of
+            range or given to a byte-level BPE, outputs that exist without ``overwrite``,
+            no text, or the trainer refusing (one line).
     """
     if kind not in TOKENIZER_KINDS:
         raise UserError(f"--kind {kind}: expected one of {', '.join(TOKENIZER_KINDS)}")
     if vocab_size < 300:
         raise UserError(f"--vocab-size {vocab_size}: must be at least 300 (256 bytes, the "
                         "special tokens and some merges)")
+    character_coverage = _checked_coverage(kind, character_coverage)
+    progress = Progress("train-tokenizer: reading",
+                        [Counter("lines", "lines"), Counter("text_bytes", BYTES)],
+                        total_key="source_bytes", enabled=show_progress)
     with output_lock(output):  # one run per --output, whichever kind
         if kind == "sentencepiece":
-            return _train_sentencepiece(inputs, output, vocab_size, model_type, keys,
-                                        max_sentences, character_coverage, txt_per_line,
-                                        skip_bad_lines, seed, num_threads, overwrite)
-        return _train_byte_bpe(inputs, Path(output), vocab_size, keys, max_sentences,
-                               txt_per_line, skip_bad_lines, seed, overwrite)
+            trained = _train_sentencepiece(inputs, output, vocab_size, model_type, keys,
+                                           max_sentences, character_coverage, txt_per_line,
+                                           skip_bad_lines, seed, num_threads, overwrite,
+                                           progress)
+        else:
+            trained = _train_byte_bpe(inputs, Path(output), vocab_size, keys, max_sentences,
+                                      txt_per_line, skip_bad_lines, seed, overwrite, progress)
+    trained.lines_read = int(progress.values["lines"])
+    trained.seconds_training = progress.elapsed - trained.seconds_reading
+    return trained
 
 
-def _sample_sentences(inputs, keys, max_sentences, txt_per_line, skip_bad_lines, seed
-                      ) -> list[str]:
+def _checked_coverage(kind: str, character_coverage: float | None) -> float | None:
+    """SentencePiece's coverage (its default when None); None for a byte-level BPE."""
+    if kind != "sentencepiece":
+        if character_coverage is not None:
+            raise UserError(f"--character-coverage {character_coverage}: for --kind "
+                            "sentencepiece only; a byte-level BPE spells every character in "
+                            "bytes")
+        return None
+    if character_coverage is None:
+        return DEFAULT_CHARACTER_COVERAGE
+    low, high = _COVERAGE_RANGE
+    if not low <= character_coverage <= high:
+        raise UserError(f"--character-coverage {character_coverage}: SentencePiece takes "
+                        f"{low} to {high} (0.9995 for Chinese or Japanese, 1.0 for small "
+                        "alphabets)")
+    return character_coverage
+
+
+def _sample_sentences(inputs, keys, max_sentences, txt_per_line, skip_bad_lines, seed,
+                      progress: Progress, training: str) -> tuple[list[str], float]:
+    """The sample and the seconds its reading took; ``training`` (what is trained next) is
+    said on stderr with the progress, as the trainers print nothing until they are done."""
     sentences = _reservoir(
-        _training_sentences(inputs, list(keys), txt_per_line, skip_bad_lines),
+        _training_sentences(inputs, list(keys), txt_per_line, skip_bad_lines, progress),
         max_sentences, seed)
+    show = progress.enabled
+    progress.close()
     if not sentences:
         raise UserError(f"{' '.join(inputs)}: no text to train a tokenizer on")
-    return sentences
+    if show:
+        print(f"train-tokenizer: training {training} on {len(sentences):,} sampled lines "
+              "(no progress until it is done)", file=sys.stderr, flush=True)
+    return sentences, progress.elapsed
 
 
 def _too_few_entries(yielded: int, asked: int, sentences: list[str], max_sentences: int
@@ -160,13 +238,14 @@ def _too_few_entries(yielded: int, asked: int, sentences: list[str], max_sentenc
 
 def _train_byte_bpe(inputs: list[str], output: Path, vocab_size: int, keys: tuple[str, ...],
                     max_sentences: int, txt_per_line: bool, skip_bad_lines: bool, seed: int,
-                    overwrite: bool) -> Path:
+                    overwrite: bool, progress: Progress) -> TrainedTokenizer:
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
     from tokenizers.trainers import BpeTrainer
 
     _check_byte_bpe_output(output, overwrite)
-    sentences = _sample_sentences(inputs, keys, max_sentences, txt_per_line, skip_bad_lines,
-                                  seed)
+    sentences, reading = _sample_sentences(
+        inputs, keys, max_sentences, txt_per_line, skip_bad_lines, seed, progress,
+        f"a byte-level BPE of {vocab_size:,} entries")
     tokenizer = Tokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(_BLOOM_SPLIT), behavior="isolated", invert=False),
@@ -193,7 +272,7 @@ def _train_byte_bpe(inputs: list[str], output: Path, vocab_size: int, keys: tupl
         (staged / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
         _check_byte_bpe_output(output, overwrite)  # again: what appeared while training
         publish_dir(staged, output, scratch)
-    return output
+    return TrainedTokenizer(output, "byte-bpe", "bpe", None, sentences, 0, reading, 0.0)
 
 
 def _check_byte_bpe_output(output: Path, overwrite: bool) -> None:
@@ -219,23 +298,22 @@ def _train_sentencepiece(
     inputs: list[str],
     output_prefix: str | os.PathLike,
     vocab_size: int,
-    model_type: str = "bpe",
-    keys: tuple[str, ...] = ("text",),
-    max_sentences: int = 1_000_000,
-    character_coverage: float = 0.9999,
-    txt_per_line: bool = False,
-    skip_bad_lines: bool = False,
-    seed: int = 0,
-    num_threads: int | None = None,
-    overwrite: bool = False,
-) -> Path:
+    model_type: str,
+    keys: tuple[str, ...],
+    max_sentences: int,
+    character_coverage: float,
+    txt_per_line: bool,
+    skip_bad_lines: bool,
+    seed: int,
+    num_threads: int | None,
+    overwrite: bool,
+    progress: Progress,
+) -> TrainedTokenizer:
     """Train a SentencePiece model on a bounded uniform sample of the inputs' lines.
 
     The model keeps text exactly (identity normalization, whitespace kept) and falls back to
-    bytes for unseen characters, so every input round-trips through encode/decode.
-
-    Returns:
-        The path of the written ``OUTPUT_PREFIX.model`` (``.vocab`` is written beside it).
+    bytes for unseen characters, so every input round-trips through encode/decode. Writes
+    ``OUTPUT_PREFIX.model`` and ``.vocab`` beside it; the result's path is the ``.model``.
     """
     import sentencepiece as spm
 
@@ -245,8 +323,9 @@ def _train_sentencepiece(
     if model_type not in ("bpe", "unigram"):
         raise UserError(f"--model-type {model_type}: expected 'bpe' or 'unigram'")
     _check_sentencepiece_output(model_path, vocab_path, overwrite)
-    sentences = _sample_sentences(inputs, keys, max_sentences, txt_per_line, skip_bad_lines,
-                                  seed)
+    sentences, reading = _sample_sentences(
+        inputs, keys, max_sentences, txt_per_line, skip_bad_lines, seed, progress,
+        f"a SentencePiece {model_type} model of {vocab_size:,} entries")
     output_prefix.parent.mkdir(parents=True, exist_ok=True)
     tmp_prefix = output_prefix.with_name(f".{output_prefix.name}.{os.getpid()}.partial")
     try:
@@ -287,4 +366,5 @@ def _train_sentencepiece(
     finally:
         for suffix in (".model", ".vocab"):
             Path(f"{tmp_prefix}{suffix}").unlink(missing_ok=True)
-    return model_path
+    return TrainedTokenizer(model_path, "sentencepiece", model_type, character_coverage,
+                            sentences, 0, reading, 0.0)
