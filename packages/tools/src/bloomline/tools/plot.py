@@ -24,6 +24,12 @@ from bloomline.dataprep.build_index import BuiltIndex
 from bloomline.tools.blend_report import dataset_index_of, prefix_counts
 from bloomline.tools.corpus import document_lengths, open_datasets
 from bloomline.tools.phase_report import draw_phase_curves, phases_of, window_shares
+from bloomline.tools.plot_styles import (
+    alternating_dashes,
+    legend_handle_length,
+    overlap_groups,
+    shared_path_style,
+)
 from bloomline.tools.samples import split_dataset
 
 __all__ = ["IMAGE_SIGNATURES", "INSTALL_HINT", "blend_curves", "check_plot_output",
@@ -94,22 +100,30 @@ def plot_corpus(corpus_dir: str | os.PathLike, built: BuiltIndex, out: str | os.
     figure = figure_class(figsize=(12, 4.5), layout="constrained")
     left, right = figure.subplots(1, 2)
     edges = histograms["edges"]
-    for name, counts in histograms["counts"].items():
-        left.stairs(counts, edges, label=f"{name} ({histograms['empty'][name]} empty)")
+    # identical distributions share their path in turns (plot_styles)
+    places = overlap_groups([c.tobytes() for c in histograms["counts"].values()])
+    for (name, counts), place in zip(histograms["counts"].items(), places, strict=True):
+        left.stairs(counts, edges, linestyle=alternating_dashes(*place),
+                    label=f"{name} ({histograms['empty'][name]} empty)"
+                    + ("; same lengths as another: dashes alternate" if place[1] > 1 else ""))
     left.set(xscale="log", yscale="log", xlabel="document length (tokens)",
              ylabel="documents", title="document lengths")
-    left.legend(fontsize="small")
+    left.legend(fontsize="small", handlelength=legend_handle_length(places))
     if curves["phases"]:  # shares per window, each phase's weights, its boundaries
         draw_phase_curves(right, curves, split)
     else:
-        for number, name in enumerate(curves["names"]):
-            line, = right.plot(curves["progress"], curves["shares"][:, number], label=name)
-            right.axhline(curves["weights"][number], color=line.get_color(), linestyle="--",
-                          linewidth=0.8)
+        # datasets of one weight converge on one line: drawn in turns (plot_styles)
+        places = overlap_groups([round(w, 9) for w in curves["weights"]])
+        for number, (name, place) in enumerate(zip(curves["names"], places, strict=True)):
+            shared = f"; weight shared by {place[1]}: dashes alternate" if place[1] > 1 else ""
+            line, = right.plot(curves["progress"], curves["shares"][:, number],
+                               label=f"{name}{shared}", **shared_path_style(number, place))
+            right.axhline(curves["weights"][number], color=line.get_color(), linewidth=0.8,
+                          linestyle=alternating_dashes(*place) if place[1] > 1 else "--")
         right.set(xscale="log", xlabel=f"fraction of the {split} split's samples (log)",
                   ylabel="realized share so far (dashed: requested)", ylim=(0, 1.02),
                   title="blend proportions over training")
-        right.legend(fontsize="small")
+        right.legend(fontsize="small", handlelength=legend_handle_length(places))
     buffer = io.BytesIO()
     figure.savefig(buffer, format=os.fspath(out).rsplit(".", 1)[-1].lower(), dpi=100)
     atomic_write_bytes(out, buffer.getvalue(), overwrite=overwrite)

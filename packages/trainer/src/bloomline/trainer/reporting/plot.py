@@ -183,4 +183,7 @@ def _draw(figure, series: dict, run_dir: Path) -> None:
             for number, step in enumerate(series[key]):
                 axes.axvline(step, color=color, linestyle=style, linewidth=1,
                              label=label if axes is loss and number == 0 else None)
-    loss.legend(fontsize="small")
+    # beside the panel, not on it: with per-dataset losses (two lines per dataset) no corner
+    # of the panel is free of curves; constrained layout narrows the column to make room
+    loss.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                borderaxespad=0.0)
