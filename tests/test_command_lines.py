@@ -30,35 +30,38 @@ def _commands(group: click.Command, path: tuple[str, ...] = ()):
 
 
 def _source_helps(command: click.Command) -> list[str]:
-    """The help strings as the source wrote them: the command's and each parameter's."""
+    """The help strings as the source wrote them: the command's and each parameter's (the
+    built command holds them escaped for rich's markup, ``\\[plot]``: unescaped here)."""
     helps = [command.help or ""]
     helps += [getattr(param, "help", None) or "" for param in command.params]
-    return helps
+    return [re.sub(r"\\(\\*\[)", r"\1", text) for text in helps]
 
 
 def _squeezed(text: str) -> str:
-    # the renderer wraps lines (at spaces and after hyphens): compare without whitespace
-    return re.sub(r"\s+", "", text)
+    # the renderer wraps lines (at spaces) inside the panels' borders: compare without them
+    return re.sub(r"[\s│]+", "", text)
 
 
 @pytest.mark.parametrize("program", APPS)
-def test_every_bracket_of_every_help_text_is_printed(program):
+def test_every_help_text_is_printed_as_written(program):
     """Bug: typer's rich help renderer read ``[plot]`` in ``pip install
     'bloomline-trainer[plot]'`` as a markup tag and dropped it, so `trainer --help` and
     `inspect-data plot --help` printed an install command that installs no extra. Walks every
-    command and option of the program: each ``[...]`` its source help holds is printed."""
+    command and option of the program: each help text of the source is printed whole, every
+    ``[...]`` in it included."""
     app, _ = APPS[program]
-    checked = 0
+    brackets = 0
     for path, command in _commands(typer.main.get_command(app)):
-        shown = CliRunner().invoke(app, [*path, "--help"], prog_name=program)
+        # wide: at 80 columns rich cuts words longer than a column with "…" (a layout matter)
+        shown = CliRunner().invoke(app, [*path, "--help"], prog_name=program,
+                                   env={"COLUMNS": "250"})
         assert shown.exit_code == 0, (path, shown.output)
         printed = _squeezed(shown.output)
         for help_text in _source_helps(command):
-            for bracket in _BRACKETED.findall(help_text):
-                checked += 1
-                assert _squeezed(bracket) in printed, (program, path, bracket)
+            assert _squeezed(help_text) in printed, (program, path, help_text)
+            brackets += len(_BRACKETED.findall(help_text))
     if program != "dataprep":  # the plot extra's install command, the reported case
-        assert checked
+        assert brackets
 
 
 @pytest.mark.parametrize("program", APPS)
