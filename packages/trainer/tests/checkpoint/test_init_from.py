@@ -114,7 +114,7 @@ def test_a_run_folder_with_checkpoints_resumes_and_ignores_init_from(corpus, tmp
 def test_init_from_a_folder_that_is_no_model_is_one_line(corpus, tmp_path):
     """Catches: a typo in init_from that trains a random model, or fails deep in a loader."""
     (tmp_path / "empty").mkdir()
-    for where, match in ((tmp_path / "missing", "no such folder"),
+    for where, match in ((tmp_path / "missing", "no such file or folder"),
                          (tmp_path / "empty", "neither a bloomline checkpoint")):
         with pytest.raises(UserError, match=match):
             _quiet(_config(corpus, tmp_path / "run", checkpoint={"init_from": str(where)}))

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-from pathlib import Path
 
 import typer
 
@@ -136,22 +135,26 @@ def _check_before_launch(config: str | None, resume: str | None, overrides: list
                         "without restarts to get a first checkpoint in train.run_dir)")
 
 
-def _load_for_inference(checkpoint: str):
+def _load_for_inference(checkpoint: str, command: str):
+    """The checkpoint ``command`` reads (a run folder's newest: ``path_kind.py``), its
+    config and its model."""
     # torch-heavy: imported by the command that needs it (module docstring)
     from bloomline.trainer.checkpoint import load_checkpoint, load_config_of
+    from bloomline.trainer.checkpoint.path_kind import checkpoint_to_read
     from bloomline.trainer.config import Config
     from bloomline.trainer.model import build_model
 
-    path = Path(checkpoint)
+    path = checkpoint_to_read(checkpoint, command, lambda line: typer.echo(line, err=True))
     cfg = load_config_of(path, Config)
     model = build_model(cfg.model, "cpu", seed=None)
     load_checkpoint(path, model)
-    return cfg, model
+    return path, cfg, model
 
 
 @app.command("generate")
 def generate(
-    checkpoint: str = typer.Argument(..., help="A checkpoint folder (RUN/checkpoints/step_N)."),
+    checkpoint: str = typer.Argument(..., help="A checkpoint folder (RUN/checkpoints/step_N), "
+                                    "or a run folder: its latest checkpoint."),
     prompt: str = typer.Option(..., help="Text to continue."),
     max_new_tokens: int = typer.Option(48, help="Tokens to generate."),
     temperature: float = typer.Option(0.0, help="0: greedy; > 0: sample."),
@@ -173,8 +176,8 @@ def generate(
     )
 
     check_sampling_options(max_new_tokens, temperature, top_k, top_p)  # before any loading
-    cfg, model = _load_for_inference(checkpoint)
-    cfg.data.tokenizer = inference_tokenizer(checkpoint, cfg.data.tokenizer, tokenizer)
+    path, cfg, model = _load_for_inference(checkpoint, "generate")
+    cfg.data.tokenizer = inference_tokenizer(path, cfg.data.tokenizer, tokenizer)
     if not cfg.data.tokenizer:
         raise UserError(f"{checkpoint}: its config has no data.tokenizer; pass --tokenizer")
     tok = load_run_tokenizer(cfg.data)
@@ -187,7 +190,8 @@ def generate(
 
 @app.command("export-hf")
 def export_hf_command(
-    checkpoint: str = typer.Argument(..., help="A checkpoint folder."),
+    checkpoint: str = typer.Argument(..., help="A checkpoint folder, or a run folder: its "
+                                    "latest checkpoint."),
     out_dir: str = typer.Argument(..., help="Output folder (transformers BLOOM format)."),
     overwrite: bool = typer.Option(False, help="Replace an existing output folder."),
     tokenizer: str = typer.Option(
@@ -201,8 +205,8 @@ def export_hf_command(
     from bloomline.trainer.data import load_run_tokenizer
     from bloomline.trainer.hf import export_hf
 
-    cfg, model = _load_for_inference(checkpoint)
-    cfg.data.tokenizer = inference_tokenizer(checkpoint, cfg.data.tokenizer, tokenizer)
+    path, cfg, model = _load_for_inference(checkpoint, "export-hf")
+    cfg.data.tokenizer = inference_tokenizer(path, cfg.data.tokenizer, tokenizer)
     tok = load_run_tokenizer(cfg.data)
     # SIGTERM, like Ctrl-C, unwinds through the export's cleanup: no partial folder is left
     with StopSignals():
@@ -230,7 +234,9 @@ def verify_checkpoint_command(
     when intact; 1 with one line per problem (or the refused pickle) otherwise."""
     # torch-heavy: imported by the command that needs it (module docstring)
     from bloomline.trainer.checkpoint.manifest import describe_checkpoint, verify_checkpoint
+    from bloomline.trainer.checkpoint.path_kind import refuse_non_checkpoint
 
+    refuse_non_checkpoint(checkpoint, "verify-checkpoint")
     problems = verify_checkpoint(checkpoint)
     if problems:
         for problem in problems[:-1]:  # in order; the last one is the UserError's line
@@ -262,7 +268,8 @@ def upgrade_checkpoint_command(
 
 @app.command("evaluate")
 def evaluate_command(
-    checkpoint: str = typer.Argument(..., help="A checkpoint folder (RUN/checkpoints/step_N)."),
+    checkpoint: str = typer.Argument(..., help="A checkpoint folder (RUN/checkpoints/step_N), "
+                                    "or a run folder: its latest checkpoint."),
     split: str = typer.Option(None, help="valid, test (a share of data.split) or all (the "
                               "whole corpus); default: valid on the run's corpus (or a copy), "
                               "all on another corpus given with --data."),

@@ -17,6 +17,7 @@ from bloomline.common.errors import UserError
 from bloomline.dataprep.data_args_build import describe
 from bloomline.trainer.blend_phases import configured_phases
 from bloomline.trainer.checkpoint import load_checkpoint, load_config_of
+from bloomline.trainer.checkpoint.path_kind import checkpoint_to_read
 from bloomline.trainer.config import Config
 from bloomline.trainer.data import blend_of, open_splits
 from bloomline.trainer.data.data_source import data_source, uses_data_args
@@ -48,7 +49,8 @@ def evaluate_checkpoint(checkpoint: str | Path, split: str | None = None,
         corpus: a corpus folder to read instead of the config's ``data.corpus``: a copy of
             it, or any corpus of the run's tokenizer (each dataset scored on its own, the
             blend by size); its index is then kept in ``CORPUS/.index``.
-        log: where the checks of token files without a fingerprint say what they read.
+        log: where the checks of token files without a fingerprint say what they read, and
+            which checkpoint of a run folder is scored.
 
     Raises:
         UserError: an unknown split, a corpus that is gone (naming its path) or made by
@@ -56,7 +58,8 @@ def evaluate_checkpoint(checkpoint: str | Path, split: str | None = None,
             share), a bad sample count, or a checkpoint that does not load.
     """
 
-    path = Path(checkpoint)
+    # a run folder: its newest checkpoint, said in a line (checkpoint/path_kind.py)
+    path = checkpoint_to_read(checkpoint, "evaluate", log or (lambda line: None))
     cfg = load_config_of(path, Config)
     count = cfg.train.eval_samples if num_samples is None else num_samples
     if count < 1:

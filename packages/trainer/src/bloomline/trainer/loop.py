@@ -49,6 +49,7 @@ from bloomline.trainer.optim import learning_rate
 from bloomline.trainer.parallel import build_mesh, init_distributed, world_info
 from bloomline.trainer.parallel.zero_engine import describe_zero, replicates_parameters
 from bloomline.trainer.reporting.clock import now
+from bloomline.trainer.reporting.finished_run import nothing_left, report_finished
 from bloomline.trainer.reporting.monitor import RunMonitor
 from bloomline.trainer.reporting.step_sections import SectionClock
 from bloomline.trainer.reporting.stragglers import StragglerWatch
@@ -239,15 +240,17 @@ class Trainer:
         if self.skips:
             self.log(f"skipping train samples {self.skips.to_list()}")
         total = self.total_steps()
+        if self.state.step == total or nothing_left(cfg, self.state, self.skips,
+                                                    self.layout.dp):  # at the end, or past it
+            report_finished(self.monitor, self.run_dir, resumed, self.state, total,
+                            cfg.train.train_samples, "valid" in splits, self.log)
+            return self.state
         if self.state.step > total:
             raise UserError(f"{self.run_dir}: resumed at step {self.state.step}, but the run "
                             f"has {total} steps with the skip ranges in force "
                             f"({self.skips.to_list()}: train.skip_samples, the checkpoint's, "
                             f"{self.run_dir / ROLLBACKS_FILE}): a range covers samples the "
                             "checkpoint had already trained; remove it")
-        if self.state.step == total:
-            self.log(f"run complete: step {self.state.step} of {total}")
-            return self.state
         self.monitor.open_metrics()  # closed below: no W&B run stays open after the run
         ended = False
         try:

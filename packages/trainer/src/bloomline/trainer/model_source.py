@@ -26,13 +26,14 @@ from pathlib import Path
 from bloomline.common.errors import UserError
 from bloomline.trainer import checkpoint as ckpt
 from bloomline.trainer.checkpoint.manifest import small_file_problems
+from bloomline.trainer.checkpoint.path_kind import classify, refuse_non_checkpoint
 from bloomline.trainer.hf import import_hf, read_model_config
 from bloomline.trainer.hf.load import check_model_size
 from bloomline.trainer.master_weights import master_weights_of
 from bloomline.trainer.model.config import ModelConfig
 
 __all__ = ["ARCHITECTURE_FIELDS", "ModelSource", "load_initial_weights",
-           "resolve_model_settings"]
+           "resolve_model_settings", "vocabulary_advice"]
 
 # The fields that describe the weights: they come from the checkpoint or model a run starts
 # from. The other ModelConfig fields say how to compute with those weights and stay the
@@ -54,15 +55,11 @@ class ModelSource:
 
 def _source_format(path: Path) -> str:
     """``hf`` or ``bloomline``, from the files the folder holds."""
-    if not path.is_dir():
-        raise UserError(f"checkpoint.init_from {path}: no such folder")
-    if (path / ckpt.CONFIG_FILE).is_file() and (path / ".metadata").is_file():
-        return "bloomline"
-    if (path / "config.json").is_file():
+    found = classify(path)
+    if found.kind == "hf":
         return "hf"
-    raise UserError(f"checkpoint.init_from {path}: neither a bloomline checkpoint "
-                    f"({ckpt.CONFIG_FILE} + .metadata) nor a transformers model folder "
-                    "(config.json)")
+    refuse_non_checkpoint(path, "checkpoint.init_from", f"checkpoint.init_from {path}")
+    return "bloomline"
 
 
 def _source_model(path: Path, fmt: str, recipe: ModelConfig, config_cls: type) -> ModelConfig:
@@ -89,6 +86,8 @@ def _resume_candidate(cfg) -> Path | None:
         return next((path for path in reversed(ckpt.list_checkpoints(cfg.train.run_dir))
                      if not small_file_problems(path)), None)
     path = Path(setting)
+    if path.exists():  # a missing one: refused at the load (trainer config shows it as given)
+        refuse_non_checkpoint(path, "checkpoint.resume", f"checkpoint.resume {path}")
     return path if (path / ckpt.CONFIG_FILE).is_file() else None
 
 
@@ -146,6 +145,36 @@ def resolve_model_settings(cfg, explicit: Mapping[str, object] | None = None,
     cfg.model = _adopt(cfg.model, _source_model(path, fmt, cfg.model, type(cfg)), explicit,
                        f"checkpoint.init_from {path}")
     return ModelSource("init", path, fmt)
+
+
+def _source_tokenizer(source: ModelSource) -> str | None:
+    """The tokenizer the source's model was trained with, where its folder holds it."""
+    if source.format == "hf":
+        for name in ("tokenizer.model", "tokenizer.json"):
+            if (source.path / name).is_file():
+                return str(source.path / name)
+        return None
+    copy = ckpt.copied_tokenizer(source.path)
+    return str(copy) if copy is not None else None
+
+
+def vocabulary_advice(source: ModelSource, rows: int) -> str | None:
+    """What can fit a tokenizer larger than the model's ``rows`` embedding rows when the
+    model's shape is the source's (None: it is the recipe's, and ``model.vocab_size`` can
+    grow). Nothing here resizes an embedding: the advice is a tokenizer that fits."""
+    if source.kind == "recipe":
+        return None
+    own = _source_tokenizer(source)
+    fits = f"the one it was trained with, data.tokenizer={own}" if own else \
+        "the one it was trained with"
+    if source.kind == "init":
+        return (f"the model's shape comes from checkpoint.init_from {source.path}, so "
+                f"model.vocab_size cannot change: use a tokenizer of at most {rows} tokens "
+                f"({fits}), or train a new model without checkpoint.init_from (bloomline does "
+                "not resize an embedding)")
+    return (f"the model's shape comes from the checkpoint this run resumes, {source.path}, so "
+            f"model.vocab_size cannot change: use a tokenizer of at most {rows} tokens "
+            f"({fits}), or start a new run in another train.run_dir")
 
 
 def load_initial_weights(model, source: ModelSource, group=None) -> None:

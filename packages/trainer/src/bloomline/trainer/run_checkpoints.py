@@ -21,7 +21,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bloomline.common.errors import UserError
 from bloomline.trainer.checkpoint import (
     AsyncCheckpointer,
     changed_settings,
@@ -32,6 +31,7 @@ from bloomline.trainer.checkpoint import (
     load_config_of,
     save_checkpoint,
 )
+from bloomline.trainer.checkpoint.path_kind import refuse_non_checkpoint
 from bloomline.trainer.checkpoint.rng_state import set_rng_state
 from bloomline.trainer.snapshots.local_state import restore_state
 from bloomline.trainer.snapshots.peer_snapshots import PeerSnapshots
@@ -93,8 +93,7 @@ class RunCheckpoints:
             path = latest_checkpoint(self.run_dir, log=self.log)
         elif setting != "none":
             path = Path(setting)
-            if not path.is_dir():
-                raise UserError(f"checkpoint.resume {setting}: no such checkpoint folder")
+            refuse_non_checkpoint(path, "checkpoint.resume", f"checkpoint.resume {setting}")
         if path is None:
             return None
         loaded = self.load(path, skips, verified=setting == "auto")

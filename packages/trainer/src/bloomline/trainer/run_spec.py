@@ -35,7 +35,11 @@ from bloomline.trainer.data.end_of_document import (
     run_eod_id,
 )
 from bloomline.trainer.model.config import padded_vocab_size
-from bloomline.trainer.model_source import ModelSource, resolve_model_settings
+from bloomline.trainer.model_source import (
+    ModelSource,
+    resolve_model_settings,
+    vocabulary_advice,
+)
 from bloomline.trainer.parallel.mesh import Layout
 from bloomline.trainer.precision import resolve_dtype
 
@@ -108,7 +112,8 @@ def settle(cfg: Config, world_size: int = 1, rank: int = 0, *,
     # every rule between fields, once (a vocabulary of 0 is skipped: it is sized next, to a
     # multiple of 128 x tp)
     layout = resolve_layout(cfg, world_size, rank)
-    _settle_vocabulary(cfg, check_tokenizer, log)
+    _settle_vocabulary(cfg, check_tokenizer, log,
+                       vocabulary_advice(source, cfg.model.vocab_size))
     eod_id = _settle_documents(cfg, check_tokenizer)
     return RunSpec(freeze(cfg), layout, source, device, warnings, eod_id)
 
@@ -125,8 +130,8 @@ def _settle_precision(cfg: Config, device: torch.device) -> tuple[str, ...]:
     return (warning,) if warning else ()
 
 
-def _settle_vocabulary(cfg: Config, check: bool,
-                       log: Callable[[str], object] | None = None) -> None:
+def _settle_vocabulary(cfg: Config, check: bool, log: Callable[[str], object] | None = None,
+                       fixed_shape: str | None = None) -> None:
     """model.vocab_size 0 means: the tokenizer's vocabulary (its largest id + 1, which counts
     added tokens above the base vocabulary) padded to a multiple of 128 x tp. With ``check``
     the tokenizer is then checked against it and against the corpus (what the check of
@@ -139,7 +144,7 @@ def _settle_vocabulary(cfg: Config, check: bool,
         cfg.model.vocab_size = padded_vocab_size(load_run_tokenizer(cfg.data).vocab_size,
                                                  tensor_parallel=cfg.parallel.tensor_parallel)
     if check:
-        check_vocabulary(cfg.data, cfg.model.vocab_size, log)
+        check_vocabulary(cfg.data, cfg.model.vocab_size, log, fixed_shape)
 
 
 def _settle_documents(cfg: Config, check: bool) -> int | None:

@@ -16,7 +16,9 @@ Modules, in the order a save touches them, then the ones that read checkpoints b
   cannot change and the ones it takes from this run;
 - ``load.py``: ``load_checkpoint``, verified first, then DCP, the RNG and trainer states;
 - ``tokenizer_copy.py``: the run's tokenizer files kept in the run folder and each checkpoint,
-  and which tokenizer a loaded checkpoint uses.
+  and which tokenizer a loaded checkpoint uses;
+- ``path_kind.py``: what a path given as a checkpoint really is, said in one line by every
+  command that takes one (a run folder's latest checkpoint for the reading commands).
 
 The trainer's side (resume choice, what a load re-applies, saves and waits) is
 ``trainer/run_checkpoints.py``: this package knows checkpoints, not runs.

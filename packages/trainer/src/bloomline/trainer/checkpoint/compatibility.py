@@ -16,6 +16,7 @@ from bloomline.common.config_loader import config_from_dict, resolve_paths
 from bloomline.common.errors import UserError
 from bloomline.trainer.checkpoint.layout import CONFIG_FILE
 from bloomline.trainer.checkpoint.manifest import refuse_damaged, small_file_problems
+from bloomline.trainer.checkpoint.path_kind import refuse_non_checkpoint
 
 __all__ = ["changed_settings", "check_compatible", "load_config_of"]
 
@@ -28,10 +29,12 @@ def load_config_of(checkpoint: str | Path, config_cls):
     ``load_checkpoint``) could refuse it.
 
     Raises:
-        UserError: No ``config.toml``, or the checkpoint is damaged (its first problem).
+        UserError: Not a checkpoint (``path_kind.py`` says what it is), no ``config.toml``,
+            or the checkpoint is damaged (its first problem).
     """
     import tomllib
 
+    refuse_non_checkpoint(checkpoint, "read")
     path = Path(checkpoint) / CONFIG_FILE
     if not path.is_file():
         raise UserError(f"{checkpoint}: not a bloomline checkpoint (no {CONFIG_FILE})")

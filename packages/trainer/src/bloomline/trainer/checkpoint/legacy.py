@@ -52,6 +52,7 @@ from bloomline.trainer.checkpoint.metadata import (
     dcp_load,
     read_metadata,
 )
+from bloomline.trainer.checkpoint.path_kind import refuse_non_checkpoint
 from bloomline.trainer.checkpoint.rng_state import rng_problems
 from bloomline.trainer.train_state import TrainState
 
@@ -139,6 +140,7 @@ def upgrade_checkpoint(source: str | Path, target: str | Path) -> Path:
             it does not read as an old save wrote it, or ``target`` exists.
     """
     source, target = Path(source), Path(target)
+    refuse_non_checkpoint(source, "upgrade-checkpoint")
     if (source / MANIFEST).is_file():
         raise UserError(f"{source}: has a {MANIFEST}: a checkpoint of today's format, nothing "
                         "to upgrade (`trainer verify-checkpoint` checks it)")

@@ -22,11 +22,16 @@ __all__ = ["check_token_ids", "check_vocabulary"]
 
 
 def check_vocabulary(data: DataConfig, model_vocab: int,
-                     log: Callable[[str], object] | None = None) -> int | None:
+                     log: Callable[[str], object] | None = None,
+                     fixed_shape: str | None = None) -> int | None:
     """The tokenizer's vocabulary size, checked against the model's embedding rows, and the
     corpus's token files checked against the tokenizer that made them (their fingerprints;
     files without one by their ids and document ends, ``corpus_vocabulary.py``, which
     ``log``s what it checked).
+
+    ``fixed_shape``: what fits a larger vocabulary when the model's shape comes from a
+    checkpoint or ``checkpoint.init_from`` (``model_source.vocabulary_advice``); None: the
+    recipe's ``model.vocab_size`` can be raised.
 
     Raises:
         UserError: a vocabulary larger than the model's, or a corpus file another tokenizer
@@ -35,6 +40,10 @@ def check_vocabulary(data: DataConfig, model_vocab: int,
     tokenizer = load_run_tokenizer(data)
     if tokenizer is None:
         return None
+    if tokenizer.vocab_size > model_vocab and fixed_shape:
+        raise UserError(f"data.tokenizer {data.tokenizer}: vocabulary of "
+                        f"{tokenizer.vocab_size} tokens is larger than the model's "
+                        f"{model_vocab} embedding rows; {fixed_shape}")
     if tokenizer.vocab_size > model_vocab:
         raise UserError(f"data.tokenizer {data.tokenizer}: vocabulary of "
                         f"{tokenizer.vocab_size} tokens is larger than model.vocab_size "
