@@ -156,18 +156,19 @@ def test_per_source_train_loss_is_the_steps_samples_grouped_by_dataset(blend_cor
 
 def _assert_weighted_mean_is_the_loss(records: list[dict], corpus: str) -> None:
     """Each train record's per-source losses, weighted by the step's per-source sample counts
-    (from the blend's dataset_index), average to the logged loss."""
+    (from the blend's dataset_index), average to the step's own loss (``loss_last``: ``loss``
+    is the mean over the log interval)."""
     cfg = tiny_config(corpus, "/nonexistent", **SECTIONS)
     train = open_splits(corpus, cfg.data.seq_length, cfg.train.train_samples, None,
                         cfg.data.split, cfg.data.seed, None)["train"]
     index = blend_of(train).dataset_index
-    assert len(records) == 2
+    assert [r["step"] for r in records] == [1, 2, 4]  # the first step, then every 2
     for record in records:
         last = record["consumed_samples"]
         counts = np.bincount(index[last - record["global_batch_size"]:last], minlength=2)
         weighted = sum(c * record.get(f"train_loss/{name}", 0.0)
                        for name, c in zip(NAMES, counts, strict=True)) / counts.sum()
-        assert weighted == pytest.approx(record["loss"], rel=1e-6), record["step"]
+        assert weighted == pytest.approx(record["loss_last"], rel=1e-6), record["step"]
         assert {f"train_loss/{n}" for n, c in zip(NAMES, counts, strict=True) if c} == {
             key for key in record if key.startswith("train_loss/")}
 
@@ -198,7 +199,7 @@ def test_layouts_log_the_single_process_per_dataset_losses(reference, blend_corp
     for want, have in zip(reference["train"], got["train"], strict=True):
         keys = [k for k in want if k.startswith("train_loss/")]
         assert keys and keys == [k for k in have if k.startswith("train_loss/")]
-        for key in ["loss", *keys]:
+        for key in ["loss", "loss_last", *keys]:
             assert have[key] == pytest.approx(want[key], rel=RTOL), (have["step"], key)
     _assert_weighted_mean_is_the_loss(got["train"], blend_corpus)
 

@@ -325,7 +325,7 @@ def test_low_cached_peak_is_measured_again_not_logged_above_100(corpus, tmp_path
     measure = FakeMeasure(1e15)
     run, lines = _run_over_cached_peak(corpus, tmp_path, monkeypatch, measure)
     records = _records(run)
-    assert len(records) == 5 and all(0 < r["mfu"] <= 1 and "mfu_flag" not in r
+    assert len(records) == 6 and all(0 < r["mfu"] <= 1 and "mfu_flag" not in r
                                      for r in records)
     (event,) = _records(run, "peak")
     assert (event["previous_peak_flops"], event["peak_flops"]) == (1e6, 1e15)
@@ -344,11 +344,11 @@ def test_peak_still_too_low_is_flagged(corpus, tmp_path, monkeypatch):
     measure = FakeMeasure(2e6)
     run, lines = _run_over_cached_peak(corpus, tmp_path, monkeypatch, measure)
     records = _records(run)
-    assert len(records) == 5 and all(r["mfu"] > 1 for r in records)
+    assert len(records) == 6 and all(r["mfu"] > 1 for r in records)  # step 1, then every 2
     assert all("measuring again did not reach" in r["mfu_flag"] for r in records)
     assert measure.calls == 2 and len(_records(run, "peak")) == 2
     steps = [line for line in lines if line.startswith("step ") and "| mfu" in line]
-    assert len(steps) == 5 and all("(measurement error: see mfu_flag)" in s for s in steps)
+    assert len(steps) == 6 and all("(measurement error: see mfu_flag)" in s for s in steps)
     assert any("is a measurement error: achieved" in line for line in lines)
 
 
@@ -398,7 +398,7 @@ def test_trainer_started_under_cpu_load_reports_no_mfu_above_100(tmp_path):
         load.kill()
         load.wait()
     records = _records(run)
-    assert len(records) == 4
+    assert len(records) == 5  # step 1, then every 2
     silent = [r for r in records if r["mfu"] > 1 and not r.get("mfu_flag")]
     assert not silent, (silent, lines)
     flops_per_token = cfg.model.flops_per_token(128)
@@ -408,5 +408,5 @@ def test_trainer_started_under_cpu_load_reports_no_mfu_above_100(tmp_path):
         assert events and events[0]["previous_peak_flops"] == start_peak[0], lines
     shown = {line: float(re.search(r"\| mfu ([\d.]+)%", line).group(1))
              for line in lines if "| mfu" in line}
-    assert len(shown) == 4 and all(value <= 100 or "measurement error" in line
+    assert len(shown) == 5 and all(value <= 100 or "measurement error" in line
                                    for line, value in shown.items()), lines

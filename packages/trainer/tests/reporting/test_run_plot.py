@@ -96,7 +96,7 @@ def test_plot_of_a_tiny_run(tiny_run, tmp_path):
     out = tiny_run / "plot.png"
     assert result["out"] == str(out) and _png_size(out) == (1200, 800)
     assert (result["train_records"], result["first_step"], result["last_step"],
-            result["valid_records"]) == (5, 2, 10, 2)
+            result["valid_records"]) == (6, 1, 10, 2)  # step 1, then every 2
     out.write_bytes(out.read_bytes()[:100])  # an older plot: the default is redrawn
     plot_run(tiny_run)
     assert _png_size(out) == (1200, 800) and out.stat().st_size > 100
@@ -104,7 +104,7 @@ def test_plot_of_a_tiny_run(tiny_run, tmp_path):
     runner = CliRunner()
     other = tmp_path / "other.png"
     done = runner.invoke(app, ["plot", str(tiny_run), "--output", str(other)])
-    assert done.exit_code == 0 and f"wrote {other}: 5 train records (steps 2-10), 2 valid" \
+    assert done.exit_code == 0 and f"wrote {other}: 6 train records (steps 1-10), 2 valid" \
         in done.output
     with pytest.raises(UserError, match="output exists; pass --overwrite"):
         plot_run(tiny_run, other)

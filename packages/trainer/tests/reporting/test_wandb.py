@@ -178,7 +178,7 @@ def test_wandb_gets_the_tensorboard_scalars_and_a_resume_continues_its_run(
     assert ("activation_stats/grad_norm/layer_1", 4) in logged and ("valid/valid_loss", 3) in logged
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     train = {r["step"]: r for r in records if r["kind"] == "train"}
-    assert sorted(train) == [2, 4, 6]
+    assert sorted(train) == [1, 2, 3, 4, 6]  # each process's first step, then every 2
     for step, record in train.items():  # full precision, as metrics.jsonl has them
         assert logged["train/loss", step] == record["loss"]
         assert logged["train/lr", step] == record["lr"]
@@ -198,7 +198,8 @@ def test_a_failed_run_finishes_its_wandb_run_with_exit_code_1(corpus, tmp_path, 
     run_id = (run / RUN_ID_FILE).read_text().strip()
     records = _records(_run_file(offline_wandb, run_id))
     assert _exit_code(records) == 1
-    assert [row["step"] for row in _rows(records)] == [2, 2]  # the train and stats rows
+    # the first step's train row, then step 2's train and stats rows
+    assert [row["step"] for row in _rows(records)] == [1, 2, 2]
 
 
 def test_monitor_wandb_without_wandb_is_one_line_naming_the_extra(corpus, tmp_path,

@@ -101,7 +101,9 @@ class TrainConfig:
     """Valid samples per evaluation (the same ones every time); with several datasets, the
     blend's and, for each dataset's own valid loss, that many of its own valid split."""
     log_interval: int = ranged(10, ge=1)
-    """A console line and a metrics record every this many steps (and at the last step)."""
+    """A console line and a metrics record every this many steps (and at each process's first
+    step and the last step); their ``loss`` is the mean over the steps since the previous one
+    (Megatron's), skipped steps left out; ``loss_last`` is the step's own."""
     exit_interval: int = ranged(0, ge=0)
     """Stop (after a checkpoint) once this process has run this many steps; 0: run to the end
     (Megatron's --exit-interval, for job time limits)."""

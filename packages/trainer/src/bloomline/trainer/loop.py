@@ -48,9 +48,10 @@ from bloomline.trainer.model_source import load_initial_weights
 from bloomline.trainer.optim import learning_rate
 from bloomline.trainer.parallel import build_mesh, init_distributed, world_info
 from bloomline.trainer.parallel.zero_engine import describe_zero, replicates_parameters
-from bloomline.trainer.reporting.clock import now
+from bloomline.trainer.reporting.clock import RunClock, now
 from bloomline.trainer.reporting.finished_run import nothing_left, report_finished
 from bloomline.trainer.reporting.monitor import RunMonitor
+from bloomline.trainer.reporting.start_phases import StartPhases
 from bloomline.trainer.reporting.step_sections import SectionClock
 from bloomline.trainer.reporting.stragglers import StragglerWatch
 from bloomline.trainer.run_checkpoints import RunCheckpoints
@@ -99,6 +100,9 @@ class Trainer:
         cfg = self.cfg
         for warning in spec.warnings:
             self.log(warning)
+        # what the start-up is doing, as it goes (rank 0: self.log is silent elsewhere)
+        self.phases = StartPhases(self.log, RunClock(started))
+        self.phases.building(cfg.model.num_parameters(), self.layout.describe())
         # 2. build: this rank's model, parallelism, optimizer and step runner
         self.device = resolve_device(cfg.train.device, local_rank)
         if cfg.train.tune_malloc:
@@ -113,7 +117,8 @@ class Trainer:
         self.state = TrainState()
         self.skips = SkipRanges(cfg.train.skip_samples)
         self.monitor = RunMonitor(cfg, self.layout, self.device, self.precision, self.model,
-                                  self.optimizer, self.is_main, self.log, started=started)
+                                  self.optimizer, self.is_main, self.log, started=started,
+                                  phases=self.phases)
         self.guard = RunGuard(cfg, self.run_dir, rank)
         # before any checkpoint is loaded: it records the config's optimizer hyper-parameters
         self.checkpoints = RunCheckpoints(cfg, self.run_dir, self.model, self.optimizer,
@@ -169,6 +174,8 @@ class Trainer:
     def resume(self) -> Path | None:
         """Continue from a checkpoint of this run (``checkpoint.resume``) and return it; when
         there is none, start, from ``checkpoint.init_from``'s weights if set."""
+        if self.is_main:
+            self.phases.resuming(self.cfg.checkpoint.resume, list_checkpoints(self.run_dir))
         loaded = self.checkpoints.resume(self.skips)
         if loaded is None:
             source = self.spec.model_source
@@ -222,7 +229,9 @@ class Trainer:
         resumed = self.resume()  # first: the checkpoint's blend phases shape the index
         check_start_point(self.run_dir, cfg.checkpoint.resume, resumed, self.state.step)
         self._settle_phases(resumed is not None)
+        self.phases.opening_indices(cfg.data.corpus or "Megatron's data arguments")
         splits = self._open_run_splits()
+        self.phases.indices_ready(splits["train"].index_report)
         train = splits["train"]
         if len(train) < cfg.train.train_samples:
             raise UserError(f"data: the train split serves {len(train)} samples, fewer than "
@@ -335,7 +344,9 @@ class Trainer:
             self.sections.begin_step(step)  # the data wait
             micro, ids = batches.next_step(
                 size // (cfg.train.micro_batch_size * self.layout.dp), length)
-            log_step = step % cfg.train.log_interval == 0 or step == steps_total
+            # the process's first step too: its line ends the start-up's silence
+            log_step = (step % cfg.train.log_interval == 0 or step == steps_total
+                        or steps_here == 1)
             # per-source losses at log steps only: the blend's provenance of this rank's ids
             sources = sample_sources(train, ids) if log_step and blend is not None else None
             check_token_ids(micro, cfg.model.vocab_size, cfg.data.corpus, step)
@@ -373,7 +384,7 @@ class Trainer:
             for line in phases_begun(state.data_phases, before, state.consumed_samples):
                 self.log(f"step {step}: {line}")
             guard.count_bad(state, result, step, self.precision.scaler is not None, self.log)
-            monitor.step_done(step, size, length, result["loss"])
+            monitor.step_done(step, size, length, result["loss"], result["skipped"])
             if log_step:
                 # collective: the interval's section times, the stragglers named
                 result["section_times"] = self.stragglers.interval_end(step)

@@ -48,6 +48,7 @@ class TokenSamples(Dataset):
         self.seq_length = seq_length
         # the train split's: each dataset's index sample count (TrainState.data_index_samples)
         self.index_samples: dict[str, int] = {}
+        self.index_report: dict | None = None  # the train split's: dataprep's build report
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -162,6 +163,7 @@ def open_splits(corpus: str, seq_length: int, train_samples: int, valid_samples:
     rows = built.report["splits"]["train"]["datasets"]
     splits["train"].index_samples = {name: row["requested"] for name, row in rows.items()
                                      if row["requested"] is not None}
+    splits["train"].index_report = built.report  # which were built: the start-up's line
     return splits
 
 

@@ -1,7 +1,8 @@
 """What a run reports, in one place: the per-step record, its MFU (checked by ``mfu.py``'s
 guard), the run files (``RUN/run_info.json``, ``RUN/config.toml``, ``RUN/summary.json``), the
-profiler window and the console lines, with the elapsed time and ETA (``clock.py``).
-Records go to ``metrics.py``'s sink (metrics.jsonl and TensorBoard).
+profiler window and the console lines, with the elapsed time and ETA (``clock.py``), the
+start-up's lines (``start_phases.py``) and the logged loss, the mean over the log interval
+(``loss_interval.py``). Records go to ``metrics.py``'s sink (metrics.jsonl and TensorBoard).
 
 Adding a metric touches this file only: put it in ``RunMonitor.train_record`` (the sink
 mirrors every number to TensorBoard) and, to see it on the console, in ``console_line``.
@@ -22,6 +23,7 @@ import torch
 from bloomline.common.config_loader import thawed_copy, to_toml
 from bloomline.trainer.parallel.memory import memory_record
 from bloomline.trainer.reporting.clock import RunClock, format_hms, now
+from bloomline.trainer.reporting.loss_interval import LossInterval
 from bloomline.trainer.reporting.metrics import MetricsWriter, memory_bytes
 from bloomline.trainer.reporting.mfu import (
     MfuGuard,
@@ -31,6 +33,7 @@ from bloomline.trainer.reporting.mfu import (
     measure_peak_flops,
     resolve_peak,
 )
+from bloomline.trainer.reporting.start_phases import StartPhases
 from bloomline.trainer.reporting.summary import RunEnd, run_summary, summary_lines, write_summary
 from bloomline.trainer.reporting.wandb_sink import WandbSink
 
@@ -40,8 +43,8 @@ __all__ = ["Profiler", "RunMonitor", "Window", "console_line", "source_loss_reco
 
 def console_line(record: dict, total_steps: int | None) -> str:
     """The console line of a train record: ``step 5/60 | loss 7.1234 | lr ... | gbs 16 |
-    mem 0.68 GB | elapsed 0:01:02 | ETA 0:11:40 | ...`` (elapsed and ETA in h:mm:ss, when the
-    record has them)."""
+    mem 0.68 GB | elapsed 0:01:02 | ETA 0:11:40 | ...`` (the loss: the mean over the log
+    interval; elapsed and ETA in h:mm:ss, when the record has them)."""
     step = f"step {record['step']}" + (f"/{total_steps}" if total_steps else "")
     parts = [step, f"loss {record['loss']:.4f}", f"lr {record['lr']:.2e}",
              f"gnorm {record['grad_norm']:.3f}", f"{record['tokens_per_s']:,.0f} tok/s",
@@ -144,10 +147,12 @@ class RunMonitor:
         log: Where console lines go.
         started: When the run began (a ``clock.now()`` reading: the trainer's start,
             before the model was built); the elapsed time counts from it.
+        phases: The start-up's lines (``start_phases.py``; by default on ``log``).
     """
 
     def __init__(self, cfg, layout, device: torch.device, precision, model, optimizer,
-                 is_main: bool, log, started: float | None = None) -> None:
+                 is_main: bool, log, started: float | None = None,
+                 phases: StartPhases | None = None) -> None:
         self.cfg, self.layout, self.device, self.precision = cfg, layout, device, precision
         self.model, self.optimizer = model, optimizer
         self.is_main, self.log = is_main, log
@@ -160,9 +165,11 @@ class RunMonitor:
         self.profiler = Profiler(cfg.train.profile_steps, self.run_dir, device)
         self.window = Window()
         self.clock = RunClock(started)
+        self.phases = phases or StartPhases(log, self.clock)
         self._first_step: Window | None = None  # the process's first step, kept apart
+        self.losses = LossInterval()  # the steps' losses since the last log line
         self.steps_here = 0
-        self.last_loss: tuple[int, float] | None = None
+        self.last_loss: tuple[int, float] | None = None  # the step and its logged loss
 
     # -- the run's start and end ----------------------------------------------------------
     def start(self, resumed: Path | None, initialized: Path | None, init_format: str,
@@ -173,7 +180,8 @@ class RunMonitor:
         words; ``parallel.zero_engine.describe_zero``)."""
         cfg = self.cfg
         self.peak = resolve_peak(cfg.monitor.peak_flops, self.device, self.precision.dtype,
-                                 self.run_dir, self._measure_peak, is_writer=self.is_main)
+                                 self.run_dir, self._measure_start_peak,
+                                 is_writer=self.is_main)
         self._guard = MfuGuard(self.peak, self._measure_peak,
                                PeakCache(self.run_dir) if self.is_main else None,
                                machine_key(self.device, self.precision.dtype))
@@ -199,6 +207,8 @@ class RunMonitor:
     def open_metrics(self) -> None:
         """Start the metrics sink (after ``start``: TensorBoard's writer is a thread), and
         the W&B run with ``monitor.wandb``."""
+        if self.is_main and self.cfg.monitor.wandb:
+            self.phases.begin("W&B: opening the run (monitor.wandb)")
         wandb = (WandbSink.open(self.cfg, self.run_dir)
                  if self.is_main and self.cfg.monitor.wandb else None)
         self._metrics = MetricsWriter(self.run_dir, self.cfg.monitor.tensorboard
@@ -210,6 +220,10 @@ class RunMonitor:
         if self._metrics is not None:
             self._metrics.close(failed)
             self._metrics = None
+
+    def _measure_start_peak(self) -> float:
+        self.phases.measuring_peak()  # only when the peak is measured (no table, no cache)
+        return self._measure_peak()
 
     def _measure_peak(self) -> float:
         # through this module's name: tests replace monitor.measure_peak_flops to save time
@@ -227,7 +241,9 @@ class RunMonitor:
 
     # -- each step --------------------------------------------------------------------------
     def steps_begin(self) -> None:
-        """The step loop starts: the throughput window and the clock's step times."""
+        """The step loop starts: the throughput window and the clock's step times, and the
+        start-up's last line (the first step's own line comes when it ends)."""
+        self.phases.first_step(self.cfg.train.compile)
         self.restart_window()
         self.clock.steps_begin()
 
@@ -235,12 +251,15 @@ class RunMonitor:
         """Before step ``step`` runs: the profiler's window."""
         self.profiler.at_step(step)
 
-    def step_done(self, step: int, size: int, length: int, loss: float) -> None:
+    def step_done(self, step: int, size: int, length: int, loss: float,
+                  skipped: bool = False) -> None:
         """Step ``step`` of ``size`` samples of ``length`` tokens was taken with ``loss``
-        (counts for throughput, the ETA and the summary)."""
+        (``skipped``: not applied; counts for throughput, the ETA, the logged loss and the
+        summary)."""
         self.clock.step_ended()
         self.steps_here += 1
-        self.last_loss = (step, loss)
+        self.losses.add(loss, skipped)
+        self.last_loss = (step, self.losses.mean())
         if self._first_step is None:
             # The process's first step carries the start-up (the loader's first batch,
             # compilation, the kernels' and allocator's warm-up): throughput is measured from
@@ -252,8 +271,10 @@ class RunMonitor:
             self.window.add(size, length)
 
     def restart_window(self) -> None:
-        """Throughput from now on (after a log step, or a rollback's reload)."""
+        """Throughput and the logged loss from now on (after a log step, or a rollback's
+        reload: the steps after its checkpoint are trained again)."""
         self.window = Window()
+        self.losses = LossInterval()
 
     def wants_activation_stats(self, step: int) -> bool:
         interval = self.cfg.monitor.activation_stats_interval
@@ -275,8 +296,9 @@ class RunMonitor:
     def train_record(self, result: dict, lr: float, size: int, length: int,
                      state) -> dict:
         """The train record of the step just taken (``state``: the trainer's counters after
-        it), throughput over the current window (the steps since the last log step, not the
-        process's first step unless it is the only one)."""
+        it), its loss and throughput over the current window (the steps since the last log
+        step: ``loss`` their mean, ``loss_last`` this step's, ``result``'s when no step was
+        counted; throughput not over the process's first step unless it is the only one)."""
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         window = self.window if self.window.steps or self._first_step is None \
@@ -284,7 +306,8 @@ class RunMonitor:
         seconds = max(now() - window.start, 1e-9)
         tokens_per_s = window.tokens / seconds
         flops = self.cfg.model.flops_per_token(length) * tokens_per_s
-        return {"kind": "train", "step": state.step, "loss": result["loss"], "lr": lr,
+        return {"kind": "train", "step": state.step, **self.losses.record(result["loss"]),
+                "lr": lr,
                 "grad_norm": result["grad_norm"], "tokens_per_s": tokens_per_s,
                 "samples_per_s": window.samples / seconds,
                 "step_time_s": seconds / max(window.steps, 1),

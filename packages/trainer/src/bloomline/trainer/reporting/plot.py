@@ -57,8 +57,9 @@ def plot_series(records: list[dict]) -> dict:
     """What each panel draws, from a run's records (``records.read_records``), one
     record per step (the last written):
 
-    - ``loss``: ``{label: (steps, values)}``, labels ``train``, ``valid``, ``train NAME`` and
-      ``valid NAME`` for per-source losses;
+    - ``loss``: ``{label: (steps, values)}``, labels ``train`` (each record's ``loss``: the
+      mean over its log interval), ``valid``, ``train NAME`` and ``valid NAME`` for
+      per-source losses (the log step's own);
     - ``lr``, ``grad_norm``, ``tokens_per_s``, ``mfu_percent``: (steps, values);
     - ``rollbacks``, ``spikes``: the steps of those events; ``skipped``: the log steps whose
       count of skipped (non-finite) steps rose since the previous train record.
@@ -140,7 +141,7 @@ def _plot_into(figure_class: type, run_dir: Path, records, out: Path, default: P
         bad = (f"; {len(records.bad_lines)} lines did not parse (first: line "
                f"{records.bad_lines[0]})" if records.bad_lines else "")
         raise UserError(f"{records.path}: no train records to plot yet (the first is written "
-                        f"at step train.log_interval){bad}")
+                        f"when the run's first step ends){bad}")
     figure = figure_class(figsize=SIZE_INCHES, layout="constrained")
     _draw(figure, series, run_dir)
     buffer = io.BytesIO()

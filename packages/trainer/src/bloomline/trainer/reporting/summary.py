@@ -3,7 +3,9 @@ written as ``RUN/summary.json`` when a run completes or stops to be continued (a
 writes none: its last lines are the error).
 
 Losses come from ``metrics.jsonl`` (the whole run's, earlier sessions included) except the
-final train loss, which is the last step's (not every step is a log step).
+final train loss, which the trainer hands over: the mean over the steps since the last log
+line, as a log line would show it (the last train line's ``loss`` when the last step was
+logged; a run stopped between log steps still has one).
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ class RunEnd:
         stop_reason: Why it stopped before ``total_steps``; "" when it completed.
         elapsed_s: Wall time of this process's run, start-up included.
         steps_here: Steps this process took.
-        last_loss: (step, loss) of the last step taken, or None.
+        last_loss: (step, loss) of the last step taken, the loss as a log line would show
+            it at that step (the mean since the last log line), or None.
         checkpoint: The newest checkpoint, or None.
         has_valid: Whether the run's data has a valid split (``trainer evaluate`` needs it).
         has_tokenizer: Whether the config names a tokenizer (``trainer generate`` needs it).
