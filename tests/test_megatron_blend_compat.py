@@ -5,37 +5,12 @@ Runs when megatron-core is installed (`requirements-compat.txt`, installed by `m
 
 from __future__ import annotations
 
-import socket
 import warnings
 
 import numpy as np
 import pytest
 
 from bloomline.dataprep import IndexedDatasetWriter, IndexRequest, build_sample_datasets
-
-
-class _Tokenizer:  # what GPTDatasetConfig needs of a tokenizer
-    eod, pad, vocab_size = 2, 3, 1000
-    unique_identifiers = {"name": "test"}
-
-
-@pytest.fixture(scope="module")
-def megatron():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        gpt = pytest.importorskip("megatron.core.datasets.gpt_dataset")
-        builder = pytest.importorskip(
-            "megatron.core.datasets.blended_megatron_dataset_builder")
-    import torch.distributed as dist
-
-    # the builder asks torch.distributed for the rank: a one-process gloo group
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0,
-                            world_size=1)
-    yield gpt, builder
-    dist.destroy_process_group()
 
 
 def _corpus(folder, sizes=(400, 150, 90)):
@@ -48,11 +23,11 @@ def _corpus(folder, sizes=(400, 150, 90)):
 
 
 def _reference(megatron, folder, weights, sizes, seq_length, seed, split):
-    gpt, builder = megatron
+    gpt, builder = megatron.gpt, megatron.builder
     config = gpt.GPTDatasetConfig(
         random_seed=seed, sequence_length=seq_length, split=split,
         blend=([str(folder / n) for n in "abc"], weights),
-        path_to_cache=str(folder / "mcore_cache"), tokenizer=_Tokenizer(),
+        path_to_cache=str(folder / "mcore_cache"), tokenizer=megatron.tokenizer(),
         reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -100,7 +75,7 @@ def test_sample_count_is_exact_above_2_24_tokens(tmp_path, megatron):
     tokens float32 cannot hold the count and drops a sample. With its defaults (drop the
     last partial sample) it uses integers, as we always do, so we agree there; the float path
     is the one difference we allow, and we never take it."""
-    gpt, _ = megatron
+    gpt = megatron.gpt
     from megatron.core.datasets.indexed_dataset import IndexedDataset as MegatronIndexed
     from megatron.core.datasets.utils import Split
 
@@ -119,7 +94,7 @@ def test_sample_count_is_exact_above_2_24_tokens(tmp_path, megatron):
     assert len(ours.splits["train"]) == exact == 32
     config = gpt.GPTDatasetConfig(
         random_seed=1, sequence_length=seq_length, split="1",
-        path_to_cache=str(tmp_path / "mcore"), tokenizer=_Tokenizer(),
+        path_to_cache=str(tmp_path / "mcore"), tokenizer=megatron.tokenizer(),
         reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -132,7 +107,7 @@ def test_blend_of_100_datasets_identical_to_megatron_core(tmp_path, megatron):
     """Catches: a difference from megatron-core's builder with many datasets and skewed
     weights (our wake kernel, past its first period): which dataset and which of its samples
     each position serves, and its tokens."""
-    gpt, builder = megatron
+    gpt, builder = megatron.gpt, megatron.builder
     rng = np.random.default_rng(7)
     names = [f"d{n:03d}" for n in range(100)]
     for name in names:
@@ -148,7 +123,7 @@ def test_blend_of_100_datasets_identical_to_megatron_core(tmp_path, megatron):
     config = gpt.GPTDatasetConfig(
         random_seed=seed, sequence_length=seq_length, split="1",
         blend=([str(tmp_path / n) for n in names], weights),
-        path_to_cache=str(tmp_path / "mcore_cache"), tokenizer=_Tokenizer(),
+        path_to_cache=str(tmp_path / "mcore_cache"), tokenizer=megatron.tokenizer(),
         reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

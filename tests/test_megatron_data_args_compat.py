@@ -7,7 +7,6 @@ Runs when megatron-core is installed (`requirements-compat.txt`, installed by `m
 from __future__ import annotations
 
 import json
-import socket
 import warnings
 
 import numpy as np
@@ -18,31 +17,6 @@ from bloomline.dataprep.data_args import data_args
 from bloomline.dataprep.data_args_build import build_sample_datasets
 
 SEQ_LENGTH, SEED = 16, 1234
-
-
-class _Tokenizer:  # what GPTDatasetConfig needs of a tokenizer
-    eod, pad, vocab_size = 2, 3, 1000
-    unique_identifiers = {"name": "test"}
-
-
-@pytest.fixture(scope="module")
-def megatron():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        gpt = pytest.importorskip("megatron.core.datasets.gpt_dataset")
-        builder = pytest.importorskip(
-            "megatron.core.datasets.blended_megatron_dataset_builder")
-        utils = pytest.importorskip("megatron.core.datasets.utils")
-    import torch.distributed as dist
-
-    # the builder asks torch.distributed for the rank: a one-process gloo group
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0,
-                            world_size=1)
-    yield gpt, builder, utils
-    dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")
@@ -63,10 +37,10 @@ def prefixes(tmp_path_factory):
 
 
 def _theirs(megatron, cache, sizes, **blend):
-    gpt, builder, _ = megatron
+    gpt, builder = megatron.gpt, megatron.builder
     config = gpt.GPTDatasetConfig(
         random_seed=SEED, sequence_length=SEQ_LENGTH, path_to_cache=str(cache),
-        tokenizer=_Tokenizer(), reset_position_ids=False, reset_attention_mask=False,
+        tokenizer=megatron.tokenizer(), reset_position_ids=False, reset_attention_mask=False,
         eod_mask_loss=False, **blend)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -106,7 +80,7 @@ def test_data_path_identical_to_megatron_core(tmp_path, megatron, prefixes, word
     prefix, which megatron-core blends), serve another sample order than megatron-core's
     builder given the same words through its own get_blend_from_list: another dataset or
     sample at some blend position, or other tokens."""
-    _, _, utils = megatron
+    utils = megatron.utils
     text = words.format(*prefixes)
     weighted = text.startswith("0.5") or text.startswith("1.0")
     request = IndexRequest(seq_length=SEQ_LENGTH, split="90,8,2", seed=SEED,
@@ -123,7 +97,7 @@ def test_per_split_file_identical_to_megatron_core(tmp_path, megatron, prefixes)
     """Bug: a --per-split-data-args-path file built otherwise than megatron-core's
     blend_per_split: a split cut by --split instead of each dataset used whole, a split of one
     prefix blended, or weights applied where megatron-core uses sizes."""
-    _, _, utils = megatron
+    utils = megatron.utils
     spec = {"train": f"0.6 {prefixes[0]} 0.4 {prefixes[1]}",   # one string, as pasted
             "valid": [prefixes[2]],                             # one prefix: no blend
             "test": [prefixes[2], prefixes[3]]}                 # by size, exhaustive

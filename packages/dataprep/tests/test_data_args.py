@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from bloomline.dataprep import IndexedDatasetWriter
-from bloomline.dataprep import cli as dataprep_cli
 from bloomline.dataprep.data_args import (
     absolute_data_path,
     data_args,
@@ -35,21 +33,6 @@ def files(tmp_path, monkeypatch):
     for seed, relative in enumerate(("code/train", "docs/train", "docs/web")):
         _write(tmp_path / relative, 60, seed)
     return tmp_path
-
-
-@pytest.fixture
-def dataprep(monkeypatch, capsys):
-    """Run ``dataprep ARGS`` in-process: (exit code, stdout, stderr)."""
-
-    def run(*args) -> tuple[int, str, str]:
-        monkeypatch.setattr(sys, "argv", ["dataprep", *map(str, args)])
-        with pytest.raises(SystemExit) as exit_info:
-            dataprep_cli.main()
-            sys.exit(0)
-        captured = capsys.readouterr()
-        return exit_info.value.code or 0, captured.out, captured.err
-
-    return run
 
 
 def test_the_three_forms_and_pasted_strings_parse_alike(files):

@@ -5,33 +5,16 @@ from __future__ import annotations
 
 import importlib
 import json
-import sys
 
 import numpy as np
 import pytest
 
 from bloomline.common.errors import UserError
 from bloomline.dataprep import IndexedDatasetWriter, tokenize_corpus, train_tokenizer
-from bloomline.dataprep import cli as dataprep_cli
 from conftest import _training_lines, held_elsewhere
 
 tokenize_module = importlib.import_module("bloomline.dataprep.tokenize_corpus")
 
-
-
-@pytest.fixture
-def dataprep(monkeypatch, capsys):
-    """Run ``dataprep ARGS`` in-process: (exit code, stdout, stderr)."""
-
-    def run(*args) -> tuple[int, str, str]:
-        monkeypatch.setattr(sys, "argv", ["dataprep", *map(str, args)])
-        with pytest.raises(SystemExit) as exit_info:
-            dataprep_cli.main()
-            sys.exit(0)
-        captured = capsys.readouterr()
-        return exit_info.value.code or 0, captured.out, captured.err
-
-    return run
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ import importlib
 import json
 import random
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,6 @@ import zstandard
 
 from bloomline.common import UserError
 from bloomline.dataprep import IndexedDataset, load_tokenizer, tokenize_corpus
-from bloomline.dataprep.cli import main
 from bloomline.dataprep.sharding import parse_shard, shard_record_path, shard_sources
 from bloomline.dataprep.sources import Source, expand_inputs, read_line_range
 
@@ -105,21 +103,6 @@ def _cut_paths(inputs, count: int, txt_per_line: bool = False) -> set[str]:
         for part in shard_sources(sources, k, count, txt_per_line):
             holders[part.path] = holders.get(part.path, 0) + 1
     return {path for path, n in holders.items() if n > 1}
-
-
-@pytest.fixture
-def dataprep(capsys, monkeypatch):
-    """Run ``dataprep ARGS`` in-process through the console entry point (user errors become
-    ``error: ...`` and exit 1, as for a user): (exit code, stdout, stderr)."""
-
-    def run(*args) -> tuple[int, str, str]:
-        monkeypatch.setattr(sys, "argv", ["dataprep", *map(str, args)])
-        with pytest.raises(SystemExit) as exit_info:
-            main()
-        captured = capsys.readouterr()
-        return exit_info.value.code or 0, captured.out, captured.err
-
-    return run
 
 
 def _merge(dataprep, prefixes, output) -> str:
