@@ -1,10 +1,11 @@
-"""Every command block of the READMEs runs as written.
+"""Every command block of the READMEs runs as written, in the order a reader follows them.
 
 Bug caught: a changed command, flag, default or output path breaks a test, not a user who
 copies the README. (The blocks that new users hit first: `dataprep merge` of a corpus nothing
 created, a `build-index` of a folder the merge had filled with duplicates, a default split too
 small for the sequence length, a `trainer generate` of a checkpoint the previous command had
-rotated away.)
+rotated away, a package README's block that fails on what the root README's blocks left, and
+README commands that leave files `git status` shows.)
 
 Which blocks run (the rule, also in docs/architecture.md): fences of language `bash`, `sh` or
 `console`; in a `console` block only the `$ ` lines. Other fences (`text`, `toml`, `python`,
@@ -12,21 +13,26 @@ none) never run, and an untagged block that starts with a command is an error. A
 cannot run here carries `<!-- readme-test: skip: REASON -->` right before its fence and is
 reported as a skip with that reason (`pytest -ra`).
 
-How: the blocks of one README run in order in one scratch folder laid out like the
-repository after `make demo` (`configs/` linked, `build/demo` built once per session at a
-smaller size by the demo's own commands, `.venv` the running interpreter's environment), each
-under `set -euo pipefail`. A failure shows the README, the block's first line, what ran and
-its output. The substitutions that shorten training are listed in
+How: all READMEs run once, one after the other in reading order (`READMES`: the root README,
+then the READMEs it points to in the order it names them, then the rest), in one scratch
+folder laid out like a clone after `make demo`: a git repository of the checkout's
+`.gitignore` and `configs/`, `build/demo` built once per session at a smaller size by the
+demo's own commands, `.venv` the running interpreter's environment. Each block runs under
+`set -euo pipefail`; a README's blocks share their shell variables (one terminal per
+README). Afterwards `git status` of the scratch folder must show nothing: every file the
+READMEs write is ignored by `.gitignore`. A failure shows the README, the block's first line,
+what ran and its output. The substitutions that shorten training are listed in
 `readme_blocks.SHRINK_RULES`; nothing else differs from what the README shows.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shlex
+import shutil
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -35,12 +41,31 @@ sys.path.insert(0, str(Path(__file__).parent))
 from readme_blocks import SHRINK_RULES, Block, parse_readme, script, shrink  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-READMES = [REPO / "README.md", *sorted(REPO.glob("packages/**/README.md")),
-           REPO / "benchmarks" / "README.md"]
+
+
+def _reading_order(root: Path) -> list[Path]:
+    """The root README, the READMEs it names in the order it first names them, then the
+    other READMEs of the packages and benchmarks: the order a reader follows."""
+    readme = root / "README.md"
+    named = [root / m.group(0) for m in re.finditer(r"[\w./-]+/README\.md",
+                                                    readme.read_text(encoding="utf-8"))]
+    rest = [*sorted(root.glob("packages/**/README.md")), root / "benchmarks" / "README.md"]
+    order = [readme]
+    for path in [*named, *rest]:
+        if path.is_file() and path not in order:
+            order.append(path)
+    return order
+
+
+READMES = _reading_order(REPO)
 PARSED = {readme: parse_readme(readme, REPO) for readme in READMES}
 RUN_BLOCKS = [block for blocks, _ in PARSED.values() for block in blocks if block.runs]
 BLOCK_TIMEOUT_S = 600
 OUTPUT_SHOWN = 6000  # characters of a failed block's output in the report
+GIT_STATUS = ["status", "--porcelain", "--untracked-files=all"]
+# the scratch folder's own git identity and ignore rules: the user's must not matter
+_GIT = ["git", "-c", "user.name=readme-test", "-c", "user.email=readme-test@localhost",
+        "-c", "core.excludesFile=/dev/null", "-c", "commit.gpgSign=false"]
 
 # What `make demo` builds under build/demo, at a third of its corpus: the READMEs' commands
 # need its files (tokenizer, token file, index cache), not its size.
@@ -56,8 +81,8 @@ dataprep build-index build/demo/corpus --seq-length 256 --train-samples 20000 \
 
 def _env() -> dict[str, str]:
     bin_dir = str(Path(sys.executable).parent)
-    # one compute thread per command: the READMEs run side by side, and two torch processes
-    # of two OpenMP threads each on two cores spend most of their time waiting at barriers
+    # one compute thread per command: torch's OpenMP threads spin at barriers on a 2-core
+    # machine that the rest of the suite's processes share
     return dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
                 OMP_NUM_THREADS="1")
 
@@ -66,6 +91,11 @@ def _bash(text: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", "-c", "set -euo pipefail\n" + text], cwd=cwd, env=_env(),
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           timeout=BLOCK_TIMEOUT_S)
+
+
+def _git(scratch: Path, *args: str) -> str:
+    return subprocess.run([*_GIT, *args], cwd=scratch, check=True, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True).stdout
 
 
 @pytest.fixture(scope="session")
@@ -77,41 +107,64 @@ def demo_dir(tmp_path_factory) -> Path:
     return root / "build" / "demo"
 
 
-class ReadmeRun:
-    """The blocks of one README, run in order in one scratch folder, as a reader runs them."""
+class ReadingOrderRun:
+    """The blocks of all READMEs, run in reading order in one scratch folder, as a reader
+    follows them: a git repository whose commit holds what a clone has before the READMEs
+    run, so `git status` afterwards shows what they wrote that `.gitignore` does not cover."""
 
     def __init__(self, scratch: Path, demo: Path):
         self.scratch = scratch
-        (scratch / "configs").symlink_to(REPO / "configs")
+        shutil.copy(REPO / ".gitignore", scratch / ".gitignore")
+        shutil.copytree(REPO / "configs", scratch / "configs", symlinks=True)
         (scratch / "build").mkdir()
         (scratch / "build" / "demo").symlink_to(demo)
         _link_venv(scratch / ".venv")
-        self.variables = scratch.with_name(scratch.name + ".vars")
-        self.results: dict[int, str | None] = {}
+        _git(scratch, "init", "-q")
+        _git(scratch, "add", "-A")
+        _git(scratch, "commit", "-q", "-m", "a clone after make demo")
+        self.results: dict[str, str | None] = {}
 
-    def run(self, blocks: list[Block]) -> dict[int, str | None]:
-        """Runs `blocks` in order (a skipped block is passed over): {line: None (ok) or the
-        failure}; after a failure the rest are not run, since they use its outputs."""
-        failed_at = None
+    def run(self, blocks: list[Block]) -> dict[str, str | None]:
+        """Runs `blocks` in order (a skipped block is passed over): {where: None (ok) or the
+        failure}. After a failure the rest of its README is not run (it uses the failed
+        block's outputs); the next READMEs run, their failures noting the earlier one."""
+        failed_at: dict[str, str] = {}
         for block in blocks:
             if block.skip:
                 continue
-            if failed_at:
-                self.results[block.line] = f"not run: the earlier block {failed_at} failed"
+            if block.readme in failed_at:
+                self.results[block.where] = (f"not run: the earlier block "
+                                             f"{failed_at[block.readme]} failed")
                 continue
-            self.results[block.line] = self._run_one(block)
-            if self.results[block.line]:
-                failed_at = block.where
+            failure = self._run_one(block)
+            if failure and failed_at:
+                failure += ("\nnote: earlier READMEs failed first ("
+                            + ", ".join(failed_at.values()) + "); this may follow from that")
+            self.results[block.where] = failure
+            if failure:
+                failed_at[block.readme] = block.where
         return self.results
+
+    def git_status(self) -> str:
+        return _git(self.scratch, *GIT_STATUS)
 
     def _run_one(self, block: Block) -> str | None:
         text = script(block)
-        result = _bash(_carry_variables(text, self.variables), self.scratch)
+        variables = self.scratch.with_name(
+            f"{self.scratch.name}.{block.readme.replace('/', '-')}.vars")
+        result = _bash(_carry_variables(text, variables), self.scratch)
         if result.returncode == 0:
             return None
         return (f"{block.where}: the block exited with {result.returncode} (scratch folder "
-                f"{self.scratch})\n--- ran (after SHRINK_RULES):\n{text}--- output (the last "
-                f"{OUTPUT_SHOWN} characters):\n{result.stdout[-OUTPUT_SHOWN:]}")
+                f"{self.scratch}, after the blocks before it in reading order, "
+                f"{_readmes_before(block)})\n--- ran (after SHRINK_RULES):\n{text}--- output "
+                f"(the last {OUTPUT_SHOWN} characters):\n{result.stdout[-OUTPUT_SHOWN:]}")
+
+
+def _readmes_before(block: Block) -> str:
+    names = [str(readme.relative_to(REPO)) for readme in READMES]
+    before = names[:names.index(block.readme)]
+    return "those of " + ", ".join(before) + " first" if before else "the first README"
 
 
 def _carry_variables(text: str, state: Path) -> str:
@@ -138,23 +191,22 @@ def _link_venv(link: Path) -> None:
 
 
 @pytest.fixture(scope="session")
-def readme_results(request, tmp_path_factory, demo_dir):
-    """{README: a future of its block results}. The READMEs of the selected block tests run
-    side by side, each in its own thread and folder, up to its last selected block: their
-    commands spend much of their time starting Python on one core, which overlaps well."""
-    selected = [item.callspec.params["block"] for item in request.session.items
-                if getattr(item, "originalname", "") == "test_readme_block_runs"
-                and not item.callspec.params["block"].skip]
-    last = {}
-    for block in selected:
-        last[block.readme] = max(last.get(block.readme, 0), block.line)
-    with ThreadPoolExecutor(max_workers=max(1, len(last))) as pool:
-        futures = {}
-        for readme, line in last.items():
-            scratch = tmp_path_factory.mktemp("readme-" + readme.replace("/", "-"))
-            blocks = [b for b in RUN_BLOCKS if b.readme == readme and b.line <= line]
-            futures[readme] = pool.submit(ReadmeRun(scratch, demo_dir).run, blocks)
-        yield futures
+def reading_order_run(request, tmp_path_factory, demo_dir) -> ReadingOrderRun:
+    """The READMEs' blocks run once in reading order: all of them when the `git status` test
+    is selected, else up to the last selected block."""
+    selected = [item for item in request.session.items
+                if getattr(item, "originalname", "") in _USES_THE_RUN]
+    names = {item.originalname for item in selected}
+    last = len(RUN_BLOCKS)
+    if "test_readmes_leave_git_status_clean" not in names:
+        wanted = {item.callspec.params["block"].where for item in selected}
+        last = max((i + 1 for i, b in enumerate(RUN_BLOCKS) if b.where in wanted), default=0)
+    run = ReadingOrderRun(tmp_path_factory.mktemp("readmes"), demo_dir)
+    run.run(RUN_BLOCKS[:last])
+    return run
+
+
+_USES_THE_RUN = ("test_readme_block_runs", "test_readmes_leave_git_status_clean")
 
 
 @pytest.mark.parametrize("readme", READMES, ids=[str(r.relative_to(REPO)) for r in READMES])
@@ -168,14 +220,44 @@ def test_readme_fences_and_markers_are_well_formed(readme):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("block", RUN_BLOCKS, ids=[block.where for block in RUN_BLOCKS])
-def test_readme_block_runs(block, readme_results):
-    """Bug: a README command that fails as written (see the module docstring); the blocks
-    before it in its README run first, as a reader runs them. Shrunk runs: SHRINK_RULES."""
+def test_readme_block_runs(block, reading_order_run):
+    """Bug: a README command that fails as written (see the module docstring), also one that
+    fails on what the blocks before it in reading order left (the root README's outputs met
+    by a package README's). Shrunk runs: SHRINK_RULES."""
     if block.skip:
         pytest.skip(f"{block.where}: {block.skip}")
-    failure = readme_results[block.readme].result()[block.line]
+    failure = reading_order_run.results[block.where]
     if failure:
         pytest.fail(failure + "\nshrink rules: " + "; ".join(SHRINK_RULES), pytrace=False)
+
+
+@pytest.mark.slow
+def test_readmes_leave_git_status_clean(reading_order_run):
+    """Bug: following the READMEs litters the checkout: a README command writes a file or
+    folder that `.gitignore` does not cover (`git status` shows raw/, corpus/, out/, ...), or
+    changes a tracked file."""
+    status = reading_order_run.git_status()
+    assert not status, (
+        "after running every README block in reading order, `git status --porcelain` of the "
+        f"scratch clone {reading_order_run.scratch} shows:\n{status}\nignore what the "
+        "READMEs write in .gitignore (anchored at the root, e.g. /corpus/), or write it "
+        "under an ignored folder")
+
+
+def test_reading_order_follows_the_root_readme(tmp_path):
+    """Bug: the READMEs run in an order a reader does not follow (the package READMEs before
+    the root README whose outputs they meet, or alphabetically rather than as linked)."""
+    for name in ("a", "b", "c"):
+        (tmp_path / "packages" / name).mkdir(parents=True)
+        (tmp_path / "packages" / name / "README.md").write_text("x\n", encoding="utf-8")
+    (tmp_path / "benchmarks").mkdir()
+    (tmp_path / "benchmarks" / "README.md").write_text("x\n", encoding="utf-8")
+    (tmp_path / "README.md").write_text(
+        "see `packages/c/README.md`, then [b](packages/b/README.md), packages/c/README.md "
+        "again and docs/missing/README.md\n", encoding="utf-8")
+    assert [str(p.relative_to(tmp_path)) for p in _reading_order(tmp_path)] == [
+        "README.md", "packages/c/README.md", "packages/b/README.md", "packages/a/README.md",
+        "benchmarks/README.md"]
 
 
 def _parse(tmp_path, text: str):
