@@ -29,11 +29,13 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
 from bloomline.common.errors import SettingError
 from bloomline.dataprep.blending import (
+    add_named_weight,
     blended_datasets,
     build_blend_indices,
     normalize_weights,
@@ -64,16 +66,8 @@ def parse_phase(value: str) -> BlendPhase:
                            text=start_text) from None
     weights: dict[str, float] = {}
     for item in filter(None, (part.strip() for part in rest.split(","))):
-        name, sep, text = item.partition("=")
-        if not sep or not name:
-            raise _phase_error(value, "{item!r}: expected NAME=WEIGHT", item=item)
-        try:
-            weight = float(text)
-        except ValueError:
-            raise _phase_error(value, "{text!r} is not a number", text=text) from None
-        if name in weights:
-            raise _phase_error(value, "{name!r} is weighted twice", name=name)
-        weights[name] = weight
+        add_named_weight(weights, item, partial(_phase_error, value),
+                         "{item!r}: expected NAME=WEIGHT")
     if not weights:
         raise _phase_error(value, "no weights after the start")
     return BlendPhase(start, weights)

@@ -40,7 +40,7 @@ alternatives tried and why numba: ``docs/decisions/dataprep-blend-kernels.md``.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -48,6 +48,7 @@ from bloomline.dataprep.setting_names import setting_error
 
 __all__ = [
     "MAX_DATASETS",
+    "add_named_weight",
     "blend_component_sizes",
     "blended_datasets",
     "build_blend_indices",
@@ -74,6 +75,23 @@ def blend_component_sizes(weights: list[float], num_samples: int, surplus: float
     """
     return [int(math.ceil(math.ceil(num_samples * weight) * (1 + surplus)))
             for weight in weights]
+
+
+def add_named_weight(weights: dict[str, float], item: str, fail: Callable[..., Exception],
+                     usage: str) -> None:
+    """``NAME=WEIGHT`` (``--weight``, an item of ``--phase``) into ``weights``. ``fail(problem,
+    **values)`` makes the front end's error, ``usage`` the problem of a malformed item; what
+    a weight may be is ``blended_datasets``' rule, checked with the whole request."""
+    name, sep, text = item.partition("=")
+    if not sep or not name:
+        raise fail(usage, item=item)
+    try:
+        weight = float(text)
+    except ValueError:
+        raise fail("{text!r} is not a number", text=text) from None
+    if name in weights:
+        raise fail("{name!r} is weighted twice", name=name)
+    weights[name] = weight
 
 
 def blended_datasets(weights: Mapping[str, float]) -> dict[str, float]:

@@ -53,6 +53,7 @@ from bloomline.dataprep.blend_phases import (
 from bloomline.dataprep.blended_samples import BlendedSampleDataset
 from bloomline.dataprep.blending import (
     MAX_DATASETS,
+    add_named_weight,
     blend_component_sizes,
     blended_datasets,
     build_blend_indices,
@@ -176,16 +177,8 @@ def parse_weights(values: list[str]) -> dict[str, float]:
     is the blend's rule (``blending.blended_datasets``), checked with the request."""
     weights: dict[str, float] = {}
     for value in values:
-        name, sep, text = value.partition("=")
-        if not sep or not name:
-            raise _weight_error(value, "expected NAME=WEIGHT, e.g. wiki=0.3")
-        try:
-            weight = float(text)
-        except ValueError:
-            raise _weight_error(value, "{text!r} is not a number", text=text) from None
-        if name in weights:
-            raise _weight_error(value, "{name!r} is weighted twice", name=name)
-        weights[name] = weight
+        add_named_weight(weights, value, partial(_weight_error, value),
+                         "expected NAME=WEIGHT, e.g. wiki=0.3")
     return weights
 
 
