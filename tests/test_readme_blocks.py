@@ -33,6 +33,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -112,8 +113,9 @@ class ReadingOrderRun:
     follows them: a git repository whose commit holds what a clone has before the READMEs
     run, so `git status` afterwards shows what they wrote that `.gitignore` does not cover."""
 
-    def __init__(self, scratch: Path, demo: Path):
+    def __init__(self, scratch: Path, demo: Path, beside: bool = False):
         self.scratch = scratch
+        self.beside = beside  # runs the query blocks (`is_query`) beside the chain
         shutil.copy(REPO / ".gitignore", scratch / ".gitignore")
         shutil.copytree(REPO / "configs", scratch / "configs", symlinks=True)
         (scratch / "build").mkdir()
@@ -145,8 +147,8 @@ class ReadingOrderRun:
                 failed_at[block.readme] = block.where
         return self.results
 
-    def git_status(self) -> str:
-        return _git(self.scratch, *GIT_STATUS)
+    def git_status(self, ignored: bool = False) -> str:
+        return _git(self.scratch, *GIT_STATUS, *(["--ignored"] if ignored else []))
 
     def _run_one(self, block: Block) -> str | None:
         text = script(block)
@@ -156,15 +158,33 @@ class ReadingOrderRun:
         if result.returncode == 0:
             return None
         return (f"{block.where}: the block exited with {result.returncode} (scratch folder "
-                f"{self.scratch}, after the blocks before it in reading order, "
-                f"{_readmes_before(block)})\n--- ran (after SHRINK_RULES):\n{text}--- output "
-                f"(the last {OUTPUT_SHOWN} characters):\n{result.stdout[-OUTPUT_SHOWN:]}")
+                f"{self.scratch}, {_where_it_ran(block, self.beside)})\n--- ran (after "
+                f"SHRINK_RULES):\n{text}--- output (the last {OUTPUT_SHOWN} characters):\n"
+                f"{result.stdout[-OUTPUT_SHOWN:]}")
 
 
-def _readmes_before(block: Block) -> str:
+def _where_it_ran(block: Block, beside: bool) -> str:
+    if beside:
+        return "a read-only query (is_query), run beside the chain in a clone of its own"
     names = [str(readme.relative_to(REPO)) for readme in READMES]
     before = names[:names.index(block.readme)]
-    return "those of " + ", ".join(before) + " first" if before else "the first README"
+    return ("after the blocks before it in reading order, those of " + ", ".join(before)
+            + " first" if before else "after the blocks before it in its README")
+
+
+_QUERY = re.compile(r"trainer (plan|config)\b")
+
+
+def is_query(block: Block) -> bool:
+    """A block of read-only queries of `configs/` (`trainer plan`, `trainer config`): it
+    writes nothing (checked: `git status --ignored` of its clone stays as it was) and needs
+    no other block's output, so where it runs in the order cannot change what it or another
+    block does. These run beside the chain, on the second core."""
+    if block.skip:
+        return False
+    commands = [line.strip() for line in script(block).splitlines()
+                if line.strip() and not line.strip().startswith("#")]
+    return bool(commands) and all(_QUERY.match(command) for command in commands)
 
 
 def _carry_variables(text: str, state: Path) -> str:
@@ -191,9 +211,10 @@ def _link_venv(link: Path) -> None:
 
 
 @pytest.fixture(scope="session")
-def reading_order_run(request, tmp_path_factory, demo_dir) -> ReadingOrderRun:
+def reading_order_run(request, tmp_path_factory, demo_dir) -> ReadmeRuns:
     """The READMEs' blocks run once in reading order: all of them when the `git status` test
-    is selected, else up to the last selected block."""
+    is selected, else up to the last selected block; the query blocks (`is_query`) beside
+    them."""
     selected = [item for item in request.session.items
                 if getattr(item, "originalname", "") in _USES_THE_RUN]
     names = {item.originalname for item in selected}
@@ -201,9 +222,23 @@ def reading_order_run(request, tmp_path_factory, demo_dir) -> ReadingOrderRun:
     if "test_readmes_leave_git_status_clean" not in names:
         wanted = {item.callspec.params["block"].where for item in selected}
         last = max((i + 1 for i, b in enumerate(RUN_BLOCKS) if b.where in wanted), default=0)
-    run = ReadingOrderRun(tmp_path_factory.mktemp("readmes"), demo_dir)
-    run.run(RUN_BLOCKS[:last])
-    return run
+    blocks = RUN_BLOCKS[:last]
+    chain = ReadingOrderRun(tmp_path_factory.mktemp("readmes"), demo_dir)
+    queries = ReadingOrderRun(tmp_path_factory.mktemp("readme-queries"), demo_dir, beside=True)
+    untouched = queries.git_status(ignored=True)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        beside = pool.submit(queries.run, [block for block in blocks if is_query(block)])
+        chain.run([block for block in blocks if not is_query(block)])
+        beside.result()
+    return ReadmeRuns(chain, queries, untouched)
+
+
+class ReadmeRuns:
+    """The chain's and the queries' results, and what their clones' `git status` shows."""
+
+    def __init__(self, chain: ReadingOrderRun, queries: ReadingOrderRun, untouched: str):
+        self.chain, self.queries, self.untouched = chain, queries, untouched
+        self.results = {**chain.results, **queries.results}
 
 
 _USES_THE_RUN = ("test_readme_block_runs", "test_readmes_leave_git_status_clean")
@@ -235,13 +270,17 @@ def test_readme_block_runs(block, reading_order_run):
 def test_readmes_leave_git_status_clean(reading_order_run):
     """Bug: following the READMEs litters the checkout: a README command writes a file or
     folder that `.gitignore` does not cover (`git status` shows raw/, corpus/, out/, ...), or
-    changes a tracked file."""
-    status = reading_order_run.git_status()
+    changes a tracked file; or a block run beside the chain as a read-only query writes."""
+    runs = reading_order_run
+    status = runs.chain.git_status()
     assert not status, (
         "after running every README block in reading order, `git status --porcelain` of the "
-        f"scratch clone {reading_order_run.scratch} shows:\n{status}\nignore what the "
+        f"scratch clone {runs.chain.scratch} shows:\n{status}\nignore what the "
         "READMEs write in .gitignore (anchored at the root, e.g. /corpus/), or write it "
         "under an ignored folder")
+    assert runs.queries.git_status(ignored=True) == runs.untouched, (
+        f"a query block (is_query: run beside the chain, as writing nothing) wrote files in "
+        f"{runs.queries.scratch}; make it a plain block or keep it from writing")
 
 
 def test_reading_order_follows_the_root_readme(tmp_path):
