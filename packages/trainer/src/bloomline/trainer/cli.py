@@ -122,17 +122,19 @@ def _check_before_launch(config: str | None, resume: str | None, overrides: list
     combination is refused rather than converted: "PATH, then auto" would be a third meaning
     of the setting, and "auto" alone ignores PATH while the run folder has no checkpoint yet."""
     # torch-heavy: imported by the command that needs it (module docstring)
+    from bloomline.trainer.config import load_trainer_config
     from bloomline.trainer.run_spec import load_run
 
-    world = nproc * nnodes if nproc >= 1 and nnodes >= 1 else None  # else launch() says why
-    spec = load_run(config, overrides + (
-        [f"checkpoint.resume={resume}"] if resume is not None else []), world)
-    setting = spec.config.checkpoint.resume
+    overrides = overrides + ([f"checkpoint.resume={resume}"] if resume is not None else [])
+    # the combination first: it is wrong whatever the folder holds (settling inspects it)
+    setting = load_trainer_config(config, overrides).checkpoint.resume
     if max_restarts and setting != "auto":
         start = "scratch" if setting == "none" else setting
         raise UserError(f"--max-restarts {max_restarts} with checkpoint.resume {setting}: every "
                         f"restart would start again from {start}; use --resume auto (run once "
                         "without restarts to get a first checkpoint in train.run_dir)")
+    world = nproc * nnodes if nproc >= 1 and nnodes >= 1 else None  # else launch() says why
+    load_run(config, overrides, world)
 
 
 def _load_for_inference(checkpoint: str, command: str):
