@@ -62,6 +62,7 @@ from bloomline.dataprep.blending import (
 )
 from bloomline.dataprep.fingerprint import check_same_tokenizer, corpus_prefixes
 from bloomline.dataprep.gpt_index import (
+    DEFAULT_SPLIT,
     SPLIT_NAMES,
     IndexShape,
     SampleIndex,
@@ -106,7 +107,7 @@ class IndexRequest:
     train_samples: int | None
     valid_samples: int | None = None
     test_samples: int | None = None
-    split: str = "969,30,1"
+    split: str = DEFAULT_SPLIT
     seed: int = 1234
     weights: dict[str, float] | None = None
     surplus: float = DEFAULT_SURPLUS

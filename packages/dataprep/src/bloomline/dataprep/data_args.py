@@ -40,13 +40,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bloomline.common.errors import SettingError, UserError
+from bloomline.dataprep.gpt_index import DEFAULT_SPLIT, SPLIT_NAMES
 from bloomline.dataprep.setting_names import setting_error
 
-__all__ = ["DEFAULT_SPLIT", "DataArgs", "DataSource", "absolute_data_path", "check_choice",
+__all__ = ["DataArgs", "DataSource", "absolute_data_path", "check_choice",
            "choose_source", "data_args", "dataset_names", "expand_data_path_argv",
            "is_weighted", "parse_data_path"]
 
-SPLITS = ("train", "valid", "test")
 # a weight as Megatron's users write one: 0.3, 30, .5, 1e-3 (not nan, inf or a file name)
 _NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 
@@ -87,8 +87,6 @@ class DataArgs:
         (``--data-cache-path`` to put them elsewhere)."""
         return Path(next(iter(self.sources().values()))).parent / ".index"
 
-
-DEFAULT_SPLIT = "969,30,1"
 
 
 def choose_source(corpus: str | None, split: str | None, data_path: Sequence[str] | str = (),
@@ -346,7 +344,7 @@ def _per_split(path: str) -> DataArgs:
     if not isinstance(spec, dict):
         raise where.error('expected a JSON object {{"train": [...], "valid": [...], '
                           '"test": [...]}}')
-    unknown = sorted(set(spec) - set(SPLITS))
+    unknown = sorted(set(spec) - set(SPLIT_NAMES))
     if unknown:
         raise where.error("unknown key {key!r}; the keys are train, valid and test",
                           key=unknown[0])
@@ -354,7 +352,7 @@ def _per_split(path: str) -> DataArgs:
         raise where.error('no "train" datasets; expected {{"train": [...], "valid": [...], '
                           '"test": [...]}} (valid and test may be left out)')
     parsed: dict[str, list[tuple[str, float | None]]] = {}
-    for split in SPLITS:
+    for split in SPLIT_NAMES:
         value = spec.get(split)
         if not value:  # missing, null, "" or []: no such split
             continue

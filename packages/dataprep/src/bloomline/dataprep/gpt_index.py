@@ -30,6 +30,7 @@ import numpy as np
 from bloomline.dataprep.setting_names import setting_error
 
 __all__ = [
+    "DEFAULT_SPLIT",
     "SPLIT_NAMES",
     "IndexShape",
     "SampleIndex",
@@ -41,6 +42,8 @@ __all__ = [
 ]
 
 SPLIT_NAMES = ("train", "valid", "test")
+# Megatron's --split default: train, valid, test shares of each dataset
+DEFAULT_SPLIT = "969,30,1"
 # Megatron builds the last epoch's samples apart when fewer than this share of an epoch is
 # needed from it, so that a partial last epoch is not mixed into the global shuffle.
 _SEPARATE_LAST_EPOCH_THRESHOLD = 0.80

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from bloomline.common.config_loader import load_config, path_field, ranged, resolve_paths
 from bloomline.dataprep.data_args import absolute_data_path
+from bloomline.dataprep.gpt_index import DEFAULT_SPLIT
 from bloomline.trainer.kernels.cpu import CPU_FP32_MATMUL_CHOICES
 from bloomline.trainer.model.config import ModelConfig
 
@@ -61,7 +62,7 @@ class DataConfig:
     would do nothing)."""
     seq_length: int = ranged(2048, ge=1, le=2**20)
     """L of the sample index: samples hold L + 1 tokens. Training uses up to this length."""
-    split: str = "969,30,1"
+    split: str = DEFAULT_SPLIT
     """train,valid,test shares of each dataset (Megatron's --split)."""
     weights: dict[str, float] = ranged(default_factory=dict, ge=0)
     """Blend weight per dataset name (not all 0); empty: by size, one epoch each (see

@@ -11,7 +11,8 @@ from bloomline.common.config_loader import check_ranges
 from bloomline.common.errors import SettingError, UserError
 from bloomline.dataprep import parse_split
 from bloomline.dataprep.blending import blended_datasets
-from bloomline.dataprep.data_args import DEFAULT_SPLIT, check_choice
+from bloomline.dataprep.data_args import check_choice
+from bloomline.dataprep.gpt_index import DEFAULT_SPLIT
 from bloomline.trainer.blend_phases import configured_phases
 from bloomline.trainer.config import Config, DataConfig
 from bloomline.trainer.dataprep_keys import DATAPREP_KEYS
