@@ -16,7 +16,8 @@ from pathlib import Path
 from bloomline.trainer.checkpoint.manifest import MANIFEST
 
 __all__ = ["CONFIG_FILE", "LEGACY_RNG_FILE", "RNG_FILE", "STATE_FILE", "PARTIAL_NAME",
-           "PendingSave", "is_legacy_checkpoint", "legacy_checkpoints", "list_checkpoints"]
+           "PendingSave", "checkpoint_step", "is_checkpoint_name", "is_legacy_checkpoint",
+           "legacy_checkpoints", "list_checkpoints"]
 
 _NAME = re.compile(r"^step_(\d{8})$")
 PARTIAL_NAME = re.compile(r"^\.step_\d{8}\.partial$")
@@ -46,6 +47,17 @@ class PendingSave:
     @property
     def final(self) -> Path:
         return self.root / f"step_{self.step:08d}"
+
+
+def checkpoint_step(name: str) -> int | None:
+    """The step of a checkpoint folder named ``step_N``; None for any other name."""
+    match = _NAME.match(name)
+    return int(match.group(1)) if match else None
+
+
+def is_checkpoint_name(name: str) -> bool:
+    """Whether ``name`` is a checkpoint folder's: ``step_N``, or a save's ``.step_N.partial``."""
+    return bool(_NAME.match(name) or PARTIAL_NAME.match(name))
 
 
 def list_checkpoints(run_dir: str | Path) -> list[Path]:

@@ -16,7 +16,6 @@ must say which weights it started from, ``verify-checkpoint`` checks the one it 
 
 from __future__ import annotations
 
-import re
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,6 +27,8 @@ from bloomline.trainer.checkpoint.layout import (
     CONFIG_FILE,
     LEGACY_RNG_FILE,
     STATE_FILE,
+    checkpoint_step,
+    is_checkpoint_name,
     legacy_checkpoints,
     list_checkpoints,
 )
@@ -38,7 +39,6 @@ __all__ = ["READS_LATEST", "CheckpointPath", "checkpoint_to_read", "classify",
 
 # the commands that take a run folder for its newest checkpoint (module docstring)
 READS_LATEST = frozenset({"generate", "export-hf", "evaluate"})
-_STEP_NAME = re.compile(r"^\.?step_\d{8}(\.partial)?$")
 # files only a checkpoint holds (a run folder holds config.toml too)
 _CHECKPOINT_FILES = (MANIFEST, ".metadata", STATE_FILE, LEGACY_RNG_FILE)
 _RUN_FILES = ("metrics.jsonl", "run_info.json", "summary.json")
@@ -72,11 +72,11 @@ def classify(path: str | Path) -> CheckpointPath:
                 else CheckpointPath(path, "missing"))
     if not path.is_dir():
         return CheckpointPath(path, "file")
-    if _STEP_NAME.match(path.name) or any((path / name).exists() for name in _CHECKPOINT_FILES):
+    if is_checkpoint_name(path.name) or any((path / name).exists() for name in _CHECKPOINT_FILES):
         return CheckpointPath(path, "checkpoint")
     if (path / "checkpoints").is_dir() or any((path / name).is_file() for name in _RUN_FILES):
         return _with_run(path, "run", path)
-    if path.name == "checkpoints" and any(_STEP_NAME.match(p.name) for p in path.iterdir()):
+    if path.name == "checkpoints" and any(is_checkpoint_name(p.name) for p in path.iterdir()):
         return _with_run(path, "checkpoints", path.parent)
     if (path / "config.json").is_file():
         return CheckpointPath(path, "hf")
@@ -106,8 +106,8 @@ def _missing(found: CheckpointPath) -> str:
     if not found.steps:
         return f"{line}; {folder} holds no complete checkpoint"
     keep = _keep_last(found.run)
-    named = _STEP_NAME.match(found.path.name)
-    older = named and int(found.path.name[5:13]) < int(found.steps[0].name[5:])
+    step = checkpoint_step(found.path.name)
+    older = step is not None and step < checkpoint_step(found.steps[0].name)
     why = (f" (checkpoint.keep_last = {keep} keeps the newest {keep}: older ones are deleted "
            "as new ones are saved)" if keep and older else "")
     return f"{line}; {folder} has {_names(found.steps)}{why}"
