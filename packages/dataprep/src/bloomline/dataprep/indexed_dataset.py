@@ -218,6 +218,12 @@ class IndexedDataset:
         return np.frombuffer(self._bin, self.dtype, length, start)
 
     @property
+    def tokens(self) -> np.ndarray:
+        """Every token of the ``.bin``, in file order, as one read-only array (a zero-copy
+        view of the file's memory map; empty for an empty file)."""
+        return np.frombuffer(self._bin, self.dtype)
+
+    @property
     def num_documents(self) -> int:
         """Documents (boundaries - 1), counting empty ones."""
         return len(self.document_indices) - 1

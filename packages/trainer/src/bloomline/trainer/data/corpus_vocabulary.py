@@ -79,8 +79,7 @@ def check_unfingerprinted(prefixes: dict[str, str], vocab_size: int, eod_id: int
 
 def _scan(dataset: IndexedDataset, budget: int, eod_id: int | None) -> _Scan:
     total = dataset.num_tokens
-    tokens = np.memmap(dataset.bin_path, dtype=dataset.dtype, mode="r", shape=(total,)) \
-        if total else np.zeros(0, dataset.dtype)
+    tokens = dataset.tokens
     if total <= budget:
         spans = [(start, min(total, start + _CHUNK)) for start in range(0, total, _CHUNK)]
     else:  # evenly spaced windows covering ``budget`` tokens
