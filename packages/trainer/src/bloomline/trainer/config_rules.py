@@ -95,6 +95,12 @@ def _check_data(d: DataConfig) -> None:
                          d.data_args_path, d.per_split_data_args_path, weights=bool(d.weights))
         except SettingError as err:
             raise err.named(DATAPREP_KEYS) from None
+    if d.reset_position_ids and not d.reset_attention_mask:
+        # Megatron's third document setting: ALiBi has no position ids to reset, and alone it
+        # would leave attention crossing documents
+        raise UserError("data.reset_position_ids = true: ALiBi has no position ids; the "
+                        "within-document distances a reset gives come from "
+                        "data.reset_attention_mask = true, set that instead")
     if d.weights:  # the blend's rule, in build-index's words (weight 0 leaves a dataset out)
         try:
             blended_datasets(d.weights)

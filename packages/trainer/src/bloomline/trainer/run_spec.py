@@ -29,7 +29,6 @@ from bloomline.trainer.config import Config, load_trainer_config
 from bloomline.trainer.config_rules import resolve_layout
 from bloomline.trainer.data import check_vocabulary, load_run_tokenizer
 from bloomline.trainer.data.end_of_document import (
-    check_document_settings,
     masks_documents,
     missing_eod,
     run_eod_id,
@@ -151,7 +150,6 @@ def _settle_documents(cfg: Config, check: bool) -> int | None:
     """The EOD id of a run that masks documents (``data/end_of_document.py``); without it a
     UserError when ``check``, else None (the planner and ``trainer config``: the files may
     live elsewhere; ``build_run`` refuses a real run without it)."""
-    check_document_settings(cfg.data)
     if not masks_documents(cfg.data):
         return None
     eod_id = run_eod_id(cfg.data)

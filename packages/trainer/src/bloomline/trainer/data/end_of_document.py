@@ -1,5 +1,6 @@
 """The run's end-of-document id, for masking documents apart in packed samples
-(``data.reset_attention_mask``, ``data.eod_mask_loss``), and the rules of those settings.
+(``data.reset_attention_mask``, ``data.eod_mask_loss``); the rule between those settings is
+``config_rules.py``'s.
 
 Where the id comes from, first found: the run's tokenizer (``data.tokenizer`` with
 ``data.eod_token``), else the corpus's token files, whose fingerprint records the id of the
@@ -16,21 +17,12 @@ from bloomline.trainer.config import DataConfig
 from bloomline.trainer.data.data_source import run_prefixes
 from bloomline.trainer.data.run_tokenizer import load_run_tokenizer
 
-__all__ = ["check_document_settings", "masks_documents", "missing_eod", "run_eod_id"]
+__all__ = ["masks_documents", "missing_eod", "run_eod_id"]
 
 
 def masks_documents(data: DataConfig) -> bool:
     """Whether the run masks documents apart at all (attention or loss)."""
     return data.reset_attention_mask or data.eod_mask_loss
-
-
-def check_document_settings(data: DataConfig) -> None:
-    """Refuse ``data.reset_position_ids`` true without ``data.reset_attention_mask``: with
-    ALiBi there are no position ids to reset, and attention across documents would stay."""
-    if data.reset_position_ids and not data.reset_attention_mask:
-        raise UserError("data.reset_position_ids = true: ALiBi has no position ids; the "
-                        "within-document distances a reset gives come from "
-                        "data.reset_attention_mask = true, set that instead")
 
 
 def run_eod_id(data: DataConfig) -> int | None:
