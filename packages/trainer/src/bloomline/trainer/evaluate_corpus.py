@@ -174,10 +174,7 @@ def check_eval_tokens(cfg: Config, checkpoint: str | Path, data: EvalData, model
     if spec and (spec.startswith("tiktoken:") or Path(spec).exists()):
         tokenizer = load_tokenizer(spec, cfg.data.eod_token or None)
         check_tokenizer_matches(prefixes, tokenizer, "the run's tokenizer")
-        try:
-            eod_id = tokenizer.eod_id
-        except UserError:
-            eod_id = None
+        eod_id = tokenizer.eod_id if tokenizer.has_eod else None
         check_unfingerprinted(prefixes, tokenizer.vocab_size, eod_id,
                               f"the run's tokenizer {spec}", log)
     else:
