@@ -1,4 +1,5 @@
-"""Fixtures shared by every test folder: a tiny trained tokenizer and a CLI runner."""
+"""Fixtures shared by every test folder: a tiny trained tokenizer, a CLI runner, and the
+figures a plot draws."""
 
 from __future__ import annotations
 
@@ -154,3 +155,24 @@ def held_elsewhere(output, pid: int = 4242):
         yield
     finally:
         os.close(fd)
+
+
+@pytest.fixture
+def drawn_figures(monkeypatch):
+    """``record(module)``: the figures ``module`` (one whose plots get matplotlib's Figure
+    class from its ``require_matplotlib``) draws from then on, appended to the list it
+    returns: tests check the drawn artists rather than pixels."""
+
+    def record(module) -> list:
+        figure_class = module.require_matplotlib()
+        drawn = []
+
+        class Recorded(figure_class):
+            def __init__(self, *args, **kwargs):
+                super().__init__(*args, **kwargs)
+                drawn.append(self)
+
+        monkeypatch.setattr(module, "require_matplotlib", lambda: Recorded)
+        return drawn
+
+    return record

@@ -21,21 +21,13 @@ def test_overlap_groups_and_their_dashes():
 
 
 def test_datasets_of_one_weight_and_identical_lengths_stay_visible(corpus_copy, tmp_path,
-                                                                    inspect, monkeypatch):
+                                                                    inspect, drawn_figures):
     """Bug: two datasets with the same weight (their shares converge on one value) were drawn
     as identical solid lines, the second hiding the first, in the blend panel (and in the
     length panel when their documents are alike): a 4-dataset blend of equal weights showed
     one line. Checked on the drawn artists: each of a group has its own marker, staggered,
     and its own dash offset; the legend says they alternate; a dataset alone stays solid."""
-    figure_class = corpus_plot.require_matplotlib()
-    drawn = []
-
-    class Recorded(figure_class):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            drawn.append(self)
-
-    monkeypatch.setattr(corpus_plot, "require_matplotlib", lambda: Recorded)
+    drawn = drawn_figures(corpus_plot)
     for suffix in (".bin", ".idx"):  # c: b's documents again, identical lengths
         shutil.copy(corpus_copy / f"b{suffix}", corpus_copy / f"c{suffix}")
     code, _, err = inspect("plot", corpus_copy, "--out", tmp_path / "p.png", "--seq-length",

@@ -29,19 +29,11 @@ def _metrics(run_dir) -> None:
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
 
 
-def test_the_loss_legend_sits_outside_the_loss_panel(tmp_path, monkeypatch):
+def test_the_loss_legend_sits_outside_the_loss_panel(tmp_path, drawn_figures):
     """Bug: the loss legend drawn inside the panel ("best" place), where with per-dataset
     losses (10 entries) it covered the curves. Checked on the drawn figure: the legend's
     box and the panel's plotting area do not overlap, and it names every curve."""
-    figure_class = run_plot.require_matplotlib()
-    drawn = []
-
-    class Recorded(figure_class):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            drawn.append(self)
-
-    monkeypatch.setattr(run_plot, "require_matplotlib", lambda: Recorded)
+    drawn = drawn_figures(run_plot)
     _metrics(tmp_path / "run")
     run_plot.plot_run(tmp_path / "run")
     (figure,) = drawn
