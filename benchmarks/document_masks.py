@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.harness.machine import OtherLoad, header_line, machine_report
+from benchmarks.harness.machine import OtherLoad, header_line, machine_report, others_line
 from benchmarks.harness.paths import CACHE_DIR
 from benchmarks.harness.stats import median, ratio
 from benchmarks.harness.table import number, write_result
@@ -217,9 +217,7 @@ def report(measured: dict) -> int:
              *_rows(measured["step"], "attention 1 layer, shared", layers),
              "(% of attention: of the eager attention core's forward + backward with the "
              f"shared bias, x {layers} layers)"]
-    others = measured["others"]
-    lines.append(f"other processes kept up to {others:.2f} cores busy"
-                 + (" (WARNING: shared machine, timings noisy)" if others > 0.25 else ""))
+    lines.append(others_line(measured["others"]))
     header = header_line(f"torch {torch.__version__}", started=measured["started"])
     print("\n".join([header, *lines]))
     write_result(measured["out"], header, lines)

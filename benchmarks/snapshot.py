@@ -43,7 +43,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from benchmarks.checkpoint import build_state, copy_seconds, state_bytes, train_step
-from benchmarks.harness.machine import OtherLoad, header_line, machine_report
+from benchmarks.harness.machine import OtherLoad, header_line, machine_report, others_line
 from benchmarks.harness.table import write_result
 
 __all__ = ["main"]
@@ -226,9 +226,7 @@ def report(measured: dict) -> int:
     text = format_report(measured, "\n".join([
         header_line(f"torch {torch.__version__}", started=measured["started"]),
         measured["printed"]]))
-    others = measured["others"]
-    text += (f"\nother processes kept up to {others:.2f} cores busy"
-             + (" (WARNING: shared machine, timings noisy)" if others > 0.25 else ""))
+    text += "\n" + others_line(measured["others"])
     print(text)
     header, *lines = text.split("\n")
     write_result(measured["out"], header, lines)

@@ -23,7 +23,7 @@ from bloomline.common.machine import cpu_model
 
 __all__ = ["REPO", "OtherLoad", "command_line", "cpu_busy_seconds", "cpu_model",
            "descendants_cpu_seconds", "git_commit", "header_line", "load_average",
-           "machine_report", "relative"]
+           "machine_report", "others_line", "relative"]
 
 
 def git_commit() -> str:
@@ -84,6 +84,13 @@ def load_average(when: str) -> str:
     """``load average (1, 5, 15 min) WHEN the run: a, b, c``."""
     return (f"load average (1, 5, 15 min) {when} the run: "
             + ", ".join(f"{v:.2f}" for v in os.getloadavg()))
+
+
+def others_line(cores: float) -> str:
+    """The closing line of a result: the cores ``OtherLoad`` saw other processes keep busy,
+    flagged when that is enough (a quarter of a core) to make the timings noisy."""
+    return (f"other processes kept up to {cores:.2f} cores busy"
+            + (" (WARNING: shared machine, timings noisy)" if cores > 0.25 else ""))
 
 
 def cpu_busy_seconds() -> float:
