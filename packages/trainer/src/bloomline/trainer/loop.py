@@ -101,8 +101,8 @@ class Trainer:
         for warning in spec.warnings:
             self.log(warning)
         # what the start-up is doing, as it goes (rank 0: self.log is silent elsewhere)
-        self.phases = StartPhases(self.log, RunClock(started))
-        self.phases.building(cfg.model.num_parameters(), self.layout.describe())
+        self.start_up = StartPhases(self.log, RunClock(started))
+        self.start_up.building(cfg.model.num_parameters(), self.layout.describe())
         # 2. build: this rank's model, parallelism, optimizer and step runner
         self.device = resolve_device(cfg.train.device, local_rank)
         if cfg.train.tune_malloc:
@@ -118,7 +118,7 @@ class Trainer:
         self.skips = SkipRanges(cfg.train.skip_samples)
         self.monitor = RunMonitor(cfg, self.layout, self.device, self.precision, self.model,
                                   self.optimizer, self.is_main, self.log, started=started,
-                                  phases=self.phases)
+                                  start_up=self.start_up)
         self.guard = RunGuard(cfg, self.run_dir, rank)
         # before any checkpoint is loaded: it records the config's optimizer hyper-parameters
         self.checkpoints = RunCheckpoints(cfg, self.run_dir, self.model, self.optimizer,
@@ -175,7 +175,7 @@ class Trainer:
         """Continue from a checkpoint of this run (``checkpoint.resume``) and return it; when
         there is none, start, from ``checkpoint.init_from``'s weights if set."""
         if self.is_main:
-            self.phases.resuming(self.cfg.checkpoint.resume, list_checkpoints(self.run_dir))
+            self.start_up.resuming(self.cfg.checkpoint.resume, list_checkpoints(self.run_dir))
         loaded = self.checkpoints.resume(self.skips)
         if loaded is None:
             source = self.spec.model_source
@@ -229,9 +229,9 @@ class Trainer:
         resumed = self.resume()  # first: the checkpoint's blend phases shape the index
         check_start_point(self.run_dir, cfg.checkpoint.resume, resumed, self.state.step)
         self._settle_phases(resumed is not None)
-        self.phases.opening_indices(cfg.data.corpus or "Megatron's data arguments")
+        self.start_up.opening_indices(cfg.data.corpus or "Megatron's data arguments")
         splits = self._open_run_splits()
-        self.phases.indices_ready(splits["train"].index_report)
+        self.start_up.indices_ready(splits["train"].index_report)
         train = splits["train"]
         if len(train) < cfg.train.train_samples:
             raise UserError(f"data: the train split serves {len(train)} samples, fewer than "

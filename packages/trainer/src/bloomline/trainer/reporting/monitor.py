@@ -147,12 +147,12 @@ class RunMonitor:
         log: Where console lines go.
         started: When the run began (a ``clock.now()`` reading: the trainer's start,
             before the model was built); the elapsed time counts from it.
-        phases: The start-up's lines (``start_phases.py``; by default on ``log``).
+        start_up: The start-up's lines (``start_phases.py``; by default on ``log``).
     """
 
     def __init__(self, cfg, layout, device: torch.device, precision, model, optimizer,
                  is_main: bool, log, started: float | None = None,
-                 phases: StartPhases | None = None) -> None:
+                 start_up: StartPhases | None = None) -> None:
         self.cfg, self.layout, self.device, self.precision = cfg, layout, device, precision
         self.model, self.optimizer = model, optimizer
         self.is_main, self.log = is_main, log
@@ -165,7 +165,7 @@ class RunMonitor:
         self.profiler = Profiler(cfg.train.profile_steps, self.run_dir, device)
         self.window = Window()
         self.clock = RunClock(started)
-        self.phases = phases or StartPhases(log, self.clock)
+        self.start_up = start_up or StartPhases(log, self.clock)
         self._first_step: Window | None = None  # the process's first step, kept apart
         self.losses = LossInterval()  # the steps' losses since the last log line
         self.steps_here = 0
@@ -208,7 +208,7 @@ class RunMonitor:
         """Start the metrics sink (after ``start``: TensorBoard's writer is a thread), and
         the W&B run with ``monitor.wandb``."""
         if self.is_main and self.cfg.monitor.wandb:
-            self.phases.begin("W&B: opening the run (monitor.wandb)")
+            self.start_up.begin("W&B: opening the run (monitor.wandb)")
         wandb = (WandbSink.open(self.cfg, self.run_dir)
                  if self.is_main and self.cfg.monitor.wandb else None)
         self._metrics = MetricsWriter(self.run_dir, self.cfg.monitor.tensorboard
@@ -222,7 +222,7 @@ class RunMonitor:
             self._metrics = None
 
     def _measure_start_peak(self) -> float:
-        self.phases.measuring_peak()  # only when the peak is measured (no table, no cache)
+        self.start_up.measuring_peak()  # only when the peak is measured (no table, no cache)
         return self._measure_peak()
 
     def _measure_peak(self) -> float:
@@ -243,7 +243,7 @@ class RunMonitor:
     def steps_begin(self) -> None:
         """The step loop starts: the throughput window and the clock's step times, and the
         start-up's last line (the first step's own line comes when it ends)."""
-        self.phases.first_step(self.cfg.train.compile)
+        self.start_up.first_step(self.cfg.train.compile)
         self.restart_window()
         self.clock.steps_begin()
 
